@@ -409,8 +409,31 @@ def test_doctor_on_an_unreadable_config_asks_to_fix_it_not_to_enable(
     (root / "config.yaml").write_text("plugins: [unclosed\n", encoding="utf-8")
     main(["doctor", "--root", str(root), "--json"])
     check = {c["name"]: c for c in _json(capsys)["checks"]}["plugin enabled"]  # type: ignore[union-attr]
-    assert check["level"] == BLOCK and "does not read as YAML" in check["detail"]
+    assert check["level"] == BLOCK and f"config file {root / 'config.yaml'} is malformed YAML" in check["detail"]
     assert check["fix"] == f"fix {root / 'config.yaml'}" and "enable" not in check["fix"]
+
+
+@pytest.mark.usefixtures("no_hermes_cli")
+@pytest.mark.parametrize(("planted", "says"), [("FIFO", "is not a regular file"), ("symlink", "is a symlink")])
+def test_doctor_names_one_problem_for_a_config_yaml_that_is_not_a_file_in_every_check_that_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], planted: str, says: str
+) -> None:
+    """Regression (hostile-files review): with config.yaml a FIFO or /dev/zero, "plugin enabled" and "models" said
+    `the config.yaml of default does not read as YAML`, and only "config keys" said `is not a regular file`. One
+    reading rule (read_yaml_mapping), one message: each check names the file's problem as that rule words it."""
+    root = _enabled_root(tmp_path)
+    config = root / "config.yaml"
+    config.unlink()
+    if planted == "FIFO":
+        os.mkfifo(config, 0o600)
+    else:
+        config.symlink_to("/dev/zero")
+    main(["doctor", "--root", str(root), "--json"])
+    checks = {c["name"]: c for c in _json(capsys)["checks"]}  # type: ignore[union-attr]
+    said = f"config file {config} {says}; ignoring it"
+    for name in ("plugin enabled", "models", "config keys"):
+        assert said in checks[name]["detail"], checks[name]
+        assert "does not read as YAML" not in checks[name]["detail"], checks[name]
 
 
 def test_doctor_reports_an_unreachable_redis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -889,20 +912,22 @@ def test_doctor_warns_when_enable_gateway_left_the_api_server_without_its_key(
     ({"alice": True, "bob": True}, OK, "enabled for 2 managed profile(s)"),
     ({"alice": True, "bob": False}, WARN, "not enabled for: bob"),
     ({"alice": False}, BLOCK, "in no profile's plugins.enabled"),
-    ({"alice": None}, BLOCK, "does not read as YAML"),
+    ({"alice": None}, BLOCK, "cannot tell: config file /x/config.yaml is not a regular file; ignoring it (hermes "
+                             "cannot load the plugin"),
 ])
 def test_check_plugin(tmp_path: Path, enabled: dict[str, bool | None], level: str, needle: str) -> None:
-    check = check_plugin(tmp_path, enabled)
+    check = check_plugin(tmp_path, enabled, {"alice": "config file /x/config.yaml is not a regular file; ignoring it"})
     assert check.level == level and needle in check.detail
 
 
 @pytest.mark.parametrize(("models", "level", "needle"), [
     ({"alice": "fake-model", "bob": "gpt-x"}, OK, "(fake-model, gpt-x)"),
     ({"alice": "fake-model", "bob": ""}, WARN, "no model set for: bob"),
-    ({"alice": None}, WARN, "does not read as YAML"),  # an unmanaged one's is named nowhere else
+    ({"alice": None}, WARN, "cannot tell: config file /x/config.yaml is a symlink; ignoring it (hermes cannot run"),
 ])
 def test_check_models(tmp_path: Path, models: dict[str, str | None], level: str, needle: str) -> None:
-    check = check_models(tmp_path, models)
+    # an unmanaged one's problem is named nowhere else
+    check = check_models(tmp_path, models, {"alice": "config file /x/config.yaml is a symlink; ignoring it"})
     assert check.level == level and needle in check.detail, check
     if level == WARN and "bob" in models:
         assert str(tmp_path / "profiles" / "bob" / "config.yaml") in check.fix
@@ -986,8 +1011,8 @@ def test_doctor_and_the_log_name_a_profiles_folder_that_hides_profiles(
 def test_doctor_prints_the_profile_folders_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = make_root(tmp_path, {"alice": {}})
     main(["doctor", "--root", str(root)])
-    assert f"[ok   ] profile folders: no symlinked, unreadable or unreachable profile folder under {root}" in (
-        capsys.readouterr().out)
+    assert (f"[ok   ] profile folders: no symlinked, unreadable, unreachable or other user's profile folder "
+            f"under {root}") in capsys.readouterr().out
     (root / "profiles").rename(tmp_path / "moved")
     (root / "profiles").symlink_to(tmp_path / "moved", target_is_directory=True)
     main(["doctor", "--root", str(root)])

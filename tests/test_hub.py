@@ -745,6 +745,33 @@ def test_a_malformed_envelope_the_hub_quarantines_is_answered_not_delivered(two_
     assert list((alpha / "bot_relay" / "quarantine").glob(f"{bad['id']}.json.*.quarantined"))
 
 
+def _nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_an_envelope_nested_deeper_than_the_relay_can_write_is_malformed_not_a_temporary_fault(
+    two_roots: tuple[Path, Path]
+) -> None:
+    """Regression (hostile-files review): an extra key nested 300 deep read fine but failed to write (orjson:
+    "Recursion limit reached"), so the hub answered `runtime_offline` ("could not hand the message to mini … It
+    was NOT delivered"), a temporary fault its sender may resend, and kept the envelope, never quarantined, though
+    resending can never work. Its reader now refuses it as malformed: quarantined, answered `unknown`."""
+    alpha, mini = two_roots
+    deep = {**seed_envelope(target_connection="mini", target_profile="moxie"), "x": _nested(300)}
+    with hub_thread({"alpha": alpha, "mini": mini}):
+        seed_write_json(alpha / "bot_relay" / "outbox" / f"{deep['id']}.json", deep, prefix=".env-")
+        await_condition(lambda: reply_of(alpha, deep["id"]), timeout=30, message="the error reply")
+    reply = reply_of(alpha, deep["id"])
+    assert reply is not None and reply["reason"] == "unknown" and reply["reply"] == "", reply
+    assert "malformed" in str(reply["error"]) and "levels deep" in str(reply["error"]), reply
+    assert "NOT delivered" in str(reply["error"])
+    assert rf.list_ids(mini / "bot_relay" / "inbox") == []
+    assert list((alpha / "bot_relay" / "quarantine").glob(f"{deep['id']}.json.*.quarantined"))
+
+
 @pytest.mark.skipif(not IS_ROOT, reason="chown to another uid needs root")
 def test_an_acked_dms_envelope_replaced_by_another_users_file_is_answered_not_delivered(
         tmp_path: Path, gateways: list[Gateway]) -> None:

@@ -30,11 +30,14 @@ from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.store.journal import Journal
 from hermes_actors.store.journal_file import JournalFile
 from hermes_actors.store.journal_records import (
+    DeliveryState,
     JournalFolded,
     delivery_origin,
+    encode_record,
     fold_lines,
     fold_records,
     parse_lines,
+    state_records,
 )
 from hermes_actors.store.journal_state import JournalState
 
@@ -1373,6 +1376,95 @@ def test_delivery_problem_accepts_what_the_live_path_journals() -> None:
                  accepted_at=10, origin="relay", label="@bob"),
     ]
     assert [delivery_problem(delivery_record(d), d.delivery_id) for d in kinds] == [None, None, None]
+
+
+_LONGEST_HEADER = f"Message from 🤖 {'N' * 120} (@{'h' * 64}): "
+
+
+@pytest.mark.parametrize(("origin", "handle", "content", "says"), [
+    ("local", "h" * 64, _LONGEST_HEADER + "x" * 16000, None),  # the longest DM the live path journals
+    ("local", "h" * 64, _LONGEST_HEADER + "x" * 16001, "content: message too long (16001 chars > 16000)"),
+    ("recovered", "hermes", "Message from 🤖 default (@hermes): " + "x" * 16001, "message too long (16001 chars"),
+    ("local", "hermes", "x" * 16000, None),
+    ("local", "hermes", "x" * 16001, "message too long (16001 chars"),  # no header: held to the rule whole
+    # a display name holding the header's tail: the header still ends at its last one, the body is not longer
+    ("local", "alice", "Message from 🤖 me (@alice): x (@alice): " + "x" * 16000, None),
+    ("local", "hermes", "Message from 🤖 default (@hermes): " + "x" * 5_000_000, "message too long (5000000 chars"),
+    ("relay", "moxie", "x" * 32000, None),
+    ("relay", "moxie", "x" * 32001, "content: the envelope's 'message' is too long (32001 > 32000 chars)"),
+    ("wake", "hermes", "Reply from @bob: " + "x" * (60 * 1024), None),
+    ("wake", "hermes", "x" * (80 * 1024 + 1), "wake text too long (81921 bytes > 81920)"),
+])
+def test_delivery_problem_holds_the_journaled_text_to_its_origins_length_rule(
+    origin: str, handle: str, content: str, says: str | None
+) -> None:
+    """Regression (hostile-files review): a dead journal's `accepted` record with a 5 MB message was re-offered by
+    `serve` and its turn ran with 5,000,037 characters, past the 16,000 every live DM is held to."""
+    from hermes_actors.core.acks import delivery_problem
+
+    record = {**_delivery(_id(90)), "sender_handle": handle, "content": content, "origin": origin}
+    problem = delivery_problem(record, _id(90))
+    assert (problem is None) if says is None else (problem is not None and says in problem), problem
+
+
+def test_a_journaled_dm_longer_than_the_live_path_allows_is_skipped_loudly_never_run(
+    tmp_path: Path, logs: LogCapture
+) -> None:
+    """Regression (hostile-files review): a dead journal j-….log with one `accepted` record for bob holding a
+    5 MB message: the start re-offered it and the turn ran with 5,000,037 characters. It is refused now as the
+    records with other bad fields are: skipped, named in the recovery warning, never run."""
+    root = make_root(tmp_path)
+    directory = root / "bot_relay" / "journal"
+    directory.mkdir(mode=0o700, parents=True)
+    good, huge = _id(91), _id(92)
+    dead = directory / "j-0123456789abcdef0123456789abcdef.log"
+    dead.write_bytes(_lines(
+        {"t": "accepted", "id": huge, "d": {**_delivery(huge), "content": "Message from 🤖 default (@hermes): "
+                                                                         + "x" * 5_000_000}},
+        {"t": "accepted", "id": good, "d": _delivery(good)},
+    ))
+    dead.chmod(0o600)
+    ran: list[tuple[str, int]] = []
+    with Gateway(root, runner=lambda turn: ran.append((turn.delivery_id, len(turn.content))) or "fine") as gw:
+        assert gw.wait_outcome(good, timeout=10)["status"] == "replied"
+        assert gw.recovered.get("unreadable") == 1, gw.recovered
+    assert [key for key, _ in ran] == [good]
+    assert logs.matching("recovery: 1 journaled DM(s) skipped", repr(huge)), logs.lines
+
+
+def test_a_journal_is_compacted_once_it_grew_by_compact_after_bytes_however_few_its_lines(tmp_path: Path) -> None:
+    """Lines alone bound no size (each may hold up to 64 MiB): a file is compacted once it grew by
+    ``compact_after_bytes`` too, so a gateway's own file stays under the size past which a start refuses a journal
+    (MAX_JOURNAL_BYTES). Before, 50,000 lines of large outcomes could grow it to many GiB."""
+    journal = Journal(tmp_path / "journal", fsync=False)
+    journal.compact_after_bytes = 64 << 10
+    journal.start()
+    try:
+        for n in range(40):  # 120 lines of ~4 KiB, far under compact_after (50,000 lines)
+            key = _id(n)
+            journal.append_durably({"t": "accepted", "id": key, "d": {**_delivery(key), "content": "x" * 4096}})
+            journal.append_durably({"t": "finished", "id": key, "o": _outcome(key, "r" * 64)})
+            journal.append_durably({"t": "delivered", "id": key})
+        await_condition(lambda: journal.compactions >= 1, timeout=30)
+    finally:
+        journal.stop()
+    assert len(journal.path.read_bytes().rstrip(b"\0")) < 128 << 10  # ~490 KiB appended in all
+    folded = fold_records(_file_records(journal.path))
+    assert all(folded.states[_id(n)].delivered for n in range(40))  # every outcome still kept (small)
+
+
+def test_a_file_written_whole_keeps_of_each_bin_only_the_newest_outcomes_that_fit_its_budget() -> None:
+    """Delivered outcomes are kept only for wait_outcome after a restart: 10,000 of 4 MiB replies would carry a
+    compacted file past MAX_JOURNAL_BYTES, which a start refuses. The oldest that do not fit are left out."""
+    from hermes_actors.store.journal_records import KEPT_OUTCOMES_BYTES
+    from hermes_actors.store.journal_state import _newest_within
+
+    kept = [(_id(n), DeliveryState(outcome=_outcome(_id(n), "r" * 1000), delivered=True)) for n in range(5)]
+    one = sum(len(encode_record(r)) for r in state_records(_id(0), kept[0][1]))
+    lines = _newest_within(kept, budget=3 * one)
+    assert [orjson.loads(line)["id"] for line in lines] == [_id(n) for n in (2, 2, 3, 3, 4, 4)]
+    assert _newest_within(kept, budget=one - 1) == []
+    assert len(_newest_within(kept)) == 10 and KEPT_OUTCOMES_BYTES == 64 << 20
 
 
 def test_compaction_stays_in_the_journal_directory_when_its_parent_is_swapped_for_a_symlink(tmp_path: Path) -> None:

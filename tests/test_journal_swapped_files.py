@@ -30,6 +30,7 @@ from hermes_actors.errors import HostileFileError
 from hermes_actors.ops.doctor import run_doctor
 from hermes_actors.ops.doctor_checks import BLOCK, OK, WARN
 from hermes_actors.store.journal_adoption import lock_dead_journals, take_over_dead_journals
+from hermes_actors.store.journal_records import MAX_JOURNAL_BYTES
 from hermes_actors.store.journal_state import JournalState
 from hermes_actors.store.relay_inbox import InboxPaths
 
@@ -109,6 +110,68 @@ def test_root_reads_a_journal_file_of_its_own_whatever_its_mode() -> None:
     assert journal_verdict(stat.S_IFREG | 0o000, 0, 0) == ADOPT
     assert entry_kind(stat.S_IFREG | 0o000, 1000, 1000) == "a journal file of this user that it may not read (mode " \
         "0000)"
+
+
+@pytest.mark.parametrize(("size", "verdict"), [
+    (0, "adopt"), (MAX_JOURNAL_BYTES, "adopt"), (MAX_JOURNAL_BYTES + 1, "refuse"), (4 << 30, "refuse"),
+])
+def test_a_journal_file_larger_than_any_a_gateway_writes_is_refused(size: int, verdict: str) -> None:
+    from hermes_actors.store.journal_screen import entry_kind, journal_verdict
+
+    assert journal_verdict(stat.S_IFREG | 0o600, 1000, 1000, size) == verdict
+    kind = entry_kind(stat.S_IFREG | 0o600, 1000, 1000, size)
+    assert (kind == "a journal file of this user") == (verdict == "adopt"), kind
+    if size == 4 << 30:
+        assert kind == "a journal file of this user of 4.0 GiB, larger than any journal a gateway writes (at most " \
+            "512 MiB)"
+
+
+def _oversize(dead: Path) -> None:
+    """Extend a journal file past the bound as the review did (`truncate -s 1G`): sparse, nothing written."""
+    os.truncate(dead, 1 << 30)
+
+
+def test_a_huge_journal_file_refuses_a_durable_start_unread_and_outcome_status_and_doctor_name_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (hostile-files review): `truncate -s 1G journal/j-….log` made `outcome <id>` read all of it (6.7 s,
+    230 MB RSS), `status` 7.9 s, 4 GB 54 s, and nothing named it as damaged; a durable start read it whole too. Now
+    a file larger than any a gateway writes is refused unread (by size, before it is opened): the start names it
+    and what to do, with nothing changed; `outcome`, `status` and doctor name it."""
+    from hermes_actors.ops.journal_view import find_outcome, read_journals
+    from hermes_actors.store import journal_records
+
+    root, paths = _root_with_journal(tmp_path)
+    key = uuid.uuid4().hex
+    dead = _dead_journal(paths.journal, key, "journaled before the damage")
+    _oversize(dead)
+
+    def never(stream: object) -> None:  # not one line of it is read
+        raise AssertionError("the oversize journal file was read")
+
+    monkeypatch.setattr(journal_records, "read_lines", never)
+    for module in ("hermes_actors.ops.journal_index", "hermes_actors.ops.journal_view",
+                   "hermes_actors.store.journal_adoption"):
+        monkeypatch.setattr(f"{module}.read_lines", never)
+    named = f"journal file {dead} is a journal file of this user of 1.0 GiB, larger than any journal a gateway " \
+        "writes (at most 512 MiB), never read"
+    before = _tree(paths.relay.base)
+    with pytest.raises(HostileFileError) as info:
+        Gateway(root, runner=RecordingRunner()).start()
+    assert str(info.value).startswith(f"{named}: look at it"), info.value
+    assert str(info.value).endswith("; nothing was changed"), info.value
+    assert _tree(paths.relay.base) == before
+    assert named in find_outcome(root, key)["error"]
+    assert any(named in problem for problem in read_journals(root)[1])
+    check = {c.name: c for c in run_doctor(root, cli=sys.executable, ping=lambda r: None)}["journal"]
+    assert check.level == BLOCK and named in check.detail, check
+    assert f"truncate -s <its size up to that line> {dead}" in check.fix, check
+    monkeypatch.undo()
+    os.truncate(dead, len(_record(key, "journaled before the damage")))  # cut back as the fix says: its DM runs
+    second = RecordingRunner()
+    with Gateway(root, runner=second) as again:
+        assert again.wait_outcome(key, timeout=30)["reply"] == "ok: journaled before the damage"
+    assert [turn.delivery_id for turn in second.entered] == [key]
 
 
 @pytest.mark.parametrize("how", ["symlink", pytest.param("another user's", marks=_ROOT_ONLY)])

@@ -295,6 +295,59 @@ def test_folders_whose_names_are_not_profile_names_are_named_once_by_the_gateway
     assert "rename" in check.fix
 
 
+def _st(mode: int, uid: int) -> os.stat_result:
+    return os.stat_result((mode, 1, 1, 1, uid, 0, 0, 0, 0, 0))
+
+
+@pytest.mark.parametrize(("folder", "profile_yaml", "says"), [
+    (_st(0o040700, 1000), _st(0o100600, 1000), None),
+    (_st(0o040775, 1000), _st(0o100664, 1000), None),  # umask 002 (a user's private group): not refused
+    (_st(0o040755, 1000), None, None),  # no profile.yaml: an unmanaged profile of ours
+    (_st(0o040755, 1234), _st(0o100644, 1234), "it is owned by uid 1234, not by this user (uid 1000)"),
+    (_st(0o040755, 1000), _st(0o100644, 1234), "its profile.yaml is owned by uid 1234, not by this user"),
+    (_st(0o040777, 1000), _st(0o100644, 1000), "other users may write it (mode 0777)"),
+    (_st(0o040755, 1000), _st(0o100666, 1000), "other users may write its profile.yaml (mode 0666)"),
+    (_st(0o040755, 1000), _st(0o120777, 1000), None),  # a symlink's mode means nothing: its read refuses it
+])
+def test_untrusted_profile(folder: os.stat_result, profile_yaml: os.stat_result | None, says: str | None) -> None:
+    found = p.untrusted_profile(folder, profile_yaml, 1000)
+    assert (found is None) if says is None else (found is not None and found.startswith(says)), found
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_another_users_profile_folder_in_a_world_writable_profiles_dir_is_no_bot(tmp_path: Path) -> None:
+    """Regression (hostile-files review): with `chmod 777 profiles`, a folder profiles/mallory owned by uid 1234 with
+    a profile.yaml of mode 0666 was listed as @mallory, doctor said [ok], and `send … mallory --runner command` ran a
+    turn as root with uid 1234's profile. A folder (or profile.yaml) another user owns, or other users may write, is
+    skipped with a warning now, as a symlinked one is, and doctor warns."""
+    from hermes_actors.ops.doctor import run_doctor
+    from hermes_actors.ops.doctor_checks import WARN
+
+    root = make_root(tmp_path, {"alice": {}, "mallory": {}, "eve": {}})
+    base = root / "profiles"
+    base.chmod(0o777)
+    mallory, eve = base / "mallory", base / "eve"
+    for path in (mallory, mallory / "profile.yaml"):
+        os.chown(path, 1234, 1234)
+    (mallory / "profile.yaml").chmod(0o666)
+    (eve / "profile.yaml").chmod(0o666)  # ours, but anyone may edit it
+    rec = RecordingRunner()
+    with LogCapture("WARNING") as logs:
+        with Gateway(root, runner=rec) as gw:
+            assert sorted(r["profile"] for r in gw.roster() if r["connection_id"] is None) == ["alice", "default"]
+            refused = gw.message_agent(sender="alice", target="mallory", message="hi")
+            assert "status" not in refused and "mallory" in refused["error"], refused
+            ack = gw.message_agent(sender="alice", target="hermes", message="still works")
+            assert gw.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "replied"
+        p.discover_profiles(root)  # status polls again: no second warning
+    assert [t.profile for t in rec.entered] == ["default"]
+    assert len(logs.matching(f"skipping profile {mallory}: it is owned by uid 1234")) == 1, logs.lines
+    assert len(logs.matching(f"skipping profile {eve}: other users may write its profile.yaml (mode 0666)")) == 1
+    check = {c.name: c for c in run_doctor(root, cli=str(tmp_path / "missing"), ping=lambda r: None)}[
+        "profile folders"]
+    assert check.level == WARN and str(mallory) in check.detail and str(eve) in check.detail, check
+
+
 @pytest.mark.parametrize("make_profiles", ["absent", "file", "empty"])
 def test_discover_root_only(tmp_path: Path, make_profiles: str) -> None:
     if make_profiles == "file":

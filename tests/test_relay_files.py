@@ -18,6 +18,7 @@ import orjson
 import pytest
 from roots import LogCapture
 
+from hermes_actors.core.json_depth import MAX_WRITABLE_DEPTH, nests_deeper_than
 from hermes_actors.errors import HostileFileError, StoreError, ValidationError
 from hermes_actors.messages import RemoteAgent
 from hermes_actors.store import relay_files as rf
@@ -380,6 +381,41 @@ def test_parse_envelope_round_trip_through_json() -> None:
     assert parse_envelope(orjson.loads(orjson.dumps(env)), file_id=EID) == env
     assert parse_envelope(envelope(message="x" * 32000))["message"] == "x" * 32000
     assert parse_envelope(envelope(created_at=NOW + 0.25))["created_at"] == NOW + 0.25
+
+
+def _nested(depth: int) -> Any:
+    """A list nesting ``depth`` lists (itself included)."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(("value", "limit", "deeper"), [
+    (5, 0, False), ("x", 0, False), ({}, 0, True), ({}, 1, False), ([[]], 1, True), ([[]], 2, False),
+    ({"a": {"b": [1, 2]}}, 3, False), ({"a": {"b": [1, 2]}}, 2, True), ({"a": 1, "b": [[{"c": {}}]]}, 5, False),
+    ({"a": 1, "b": [[{"c": {}}]]}, 4, True), (_nested(5000), 4999, True), (_nested(5000), 5000, False),
+])
+def test_nests_deeper_than_counts_objects_and_arrays(value: Any, limit: int, deeper: bool) -> None:
+    assert nests_deeper_than(value, limit) is deeper
+
+
+def test_the_writable_depth_is_what_orjson_writes() -> None:
+    """The rule's limit is orjson's own: a value nested that deep is written, one level more is refused."""
+    orjson.dumps(_nested(MAX_WRITABLE_DEPTH))
+    with pytest.raises(TypeError, match="Recursion limit"):
+        orjson.dumps(_nested(MAX_WRITABLE_DEPTH + 1))
+
+
+def test_an_envelope_nested_deeper_than_the_relay_can_write_is_malformed() -> None:
+    """Regression (hostile-files review): an extra key nested 300 deep was read as a sound envelope and failed at
+    each write (the hub's post to the target's inbox/), answered as a temporary fault; it is malformed."""
+    fine = {**envelope(), "x": _nested(MAX_WRITABLE_DEPTH - 1)}  # the envelope object makes it MAX deep
+    assert parse_envelope(orjson.loads(orjson.dumps(fine)))["x"] == fine["x"]
+    with pytest.raises(ValidationError, match=f"more than {MAX_WRITABLE_DEPTH} levels deep"):
+        parse_envelope({**envelope(), "x": _nested(MAX_WRITABLE_DEPTH)})
+    with pytest.raises(ValidationError, match="levels deep"):
+        parse_envelope({**envelope(), "x": _nested(300)})
 
 
 @pytest.mark.parametrize(("raw", "read"), [

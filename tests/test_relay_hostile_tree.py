@@ -444,6 +444,30 @@ def test_quarantine_strays_puts_relay_directories_back(tmp_path: Path, which: st
         assert moved == 0 and quarantined(paths, which) == []
 
 
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_dm_whose_turn_finds_locks_swapped_runs_after_the_turn_puts_it_back(
+    tmp_path: Path, gateways: list[Gateway], durable: bool
+) -> None:
+    """Regression (hostile-files review): with bot_relay/locks swapped for a symlink, an acked DM failed at once,
+    `failed [runtime_offline] … Taking the turn lock failed (PermissionError: … locks is a symlink…); the DM was NOT
+    delivered. Resend shortly.`, though the host ran and its rescan put locks/ back 2 s later. Its turn now puts
+    locks/ back by the rescan's rule (the rescan here never comes: once an hour) and the DM runs."""
+    root = make_root(tmp_path, config={"bot_mode": {"rescan_seconds": 3600}})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    rec = RecordingRunner()
+    gw = start_gateway(gateways, root, rec, durable=durable)
+    locks = root / "bot_relay" / "locks"
+    os.rename(locks, tmp_path / "locks.aside")
+    locks.symlink_to(outside, target_is_directory=True)
+    ack = gw.message_agent(sender="alice", target="bob", message="hi")
+    outcome = gw.wait_outcome(ack["delivery_id"], timeout=30)
+    assert outcome["status"] == "replied", outcome
+    assert locks.is_dir() and not locks.is_symlink()
+    assert [q.is_symlink() for q in quarantined(InboxPaths.from_root(root), "locks")] == [True]
+    assert list(outside.iterdir()) == []  # never followed
+
+
 def test_a_relay_directory_that_cannot_be_put_back_stops_none_of_the_others_and_is_logged_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,6 +10,7 @@ import os
 import re
 import select
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import RecordingRunner, await_condition, body_of, held_on, make_root, start_gateway
+from roots import LogCapture, RecordingRunner, await_condition, body_of, held_on, make_root, start_gateway
 
 from hermes_actors.cli import main
 from hermes_actors.cli.host_wait import settle_host
@@ -27,7 +28,20 @@ from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.gateway import Gateway
 from hermes_actors.hermes import submit_protocol
 from hermes_actors.hermes.plugin import turn_hop_scope
-from hermes_actors.hermes.submit import SubmitServer, fetch_outcome, fetch_status, ping, request, submit_dm
+from hermes_actors.hermes.submit import (
+    RUN_GONE,
+    RUN_REPLACED,
+    RUN_SWAPPED,
+    SOCKET_GONE,
+    SOCKET_REPLACED,
+    SubmitServer,
+    endpoint_fault,
+    fetch_outcome,
+    fetch_status,
+    ping,
+    request,
+    submit_dm,
+)
 from hermes_actors.hermes.submit_client import HostLost, HostOffline, lock_holder
 from hermes_actors.hermes.submit_protocol import (
     MAX_REQUEST_BYTES,
@@ -594,6 +608,88 @@ def test_a_symlinked_bot_relay_is_refused_not_followed_to_another_roots_host(tmp
     assert rec.calls == []  # nothing reached r1's host
 
 
+def _st(mode: int, ino: int, dev: int = 7) -> os.stat_result:
+    return os.stat_result((mode, ino, dev, 1, 0, 0, 0, 0, 0, 0))
+
+
+_DIR, _SOCK, _LINK, _FILE = 0o040700, 0o140600, 0o120777, 0o100600
+
+
+@pytest.mark.parametrize(("run_entry", "socket_entry", "fault"), [
+    (_st(_DIR, 10), _st(_SOCK, 20), None),
+    (None, _st(_SOCK, 20), RUN_GONE),
+    (_st(_LINK, 11), _st(_SOCK, 20), RUN_SWAPPED),
+    (_st(_FILE, 10), _st(_SOCK, 20), RUN_SWAPPED),
+    (_st(_DIR, 12), _st(_SOCK, 20), RUN_REPLACED),  # another directory: a `send`'s start put run/ back
+    (_st(_DIR, 10, dev=8), _st(_SOCK, 20), RUN_REPLACED),
+    (_st(_DIR, 10), None, SOCKET_GONE),
+    (_st(_DIR, 10), _st(_SOCK, 21), SOCKET_REPLACED),
+    (_st(_DIR, 10), _st(_FILE, 20), SOCKET_REPLACED),
+])
+def test_endpoint_fault_says_whether_the_path_still_leads_to_the_bound_socket(
+    run_entry: os.stat_result | None, socket_entry: os.stat_result | None, fault: str | None
+) -> None:
+    assert endpoint_fault(run_entry, _st(_DIR, 10), socket_entry, 20) == fault
+
+
+def _swap_run(kind: str, run_dir: Path, outside: Path) -> None:
+    """Do to ``run/`` what the hostile-files review did while the host ran."""
+    if kind == "socket removed":
+        (run_dir / "submit.sock").unlink()
+        return
+    run_dir.rename(run_dir.with_name("run.aside"))
+    if kind == "symlink":
+        run_dir.symlink_to(outside)
+    elif kind == "file":
+        run_dir.write_text("")
+    elif kind == "another directory":  # as a `send` that found no host puts it back at its start
+        run_dir.mkdir(mode=0o700)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "file", "removed", "another directory", "socket removed"])
+def test_a_run_directory_swapped_under_a_running_host_is_put_back_and_the_host_binds_again(
+    server_root: Path, tmp_path: Path, kind: str
+) -> None:
+    """Regression (hostile-files review): a run/ swapped for a symlink while `serve` ran left the host unreachable
+    for good: `status` said `gateway: none serves … (no submit endpoint)`, a bot's submit_dm was refused
+    runtime_offline while the host ran, and nothing was logged. The host's check (its rescan) now says so, moves the
+    swapped entry into quarantine/ as the relay's rescan moves its directories, and binds its endpoint again."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    run_dir = socket_path(server_root).parent
+    rec = Recorder()
+    with LogCapture("INFO") as logs, SubmitServer(server_root, send=rec, check_seconds=0.05):
+        _swap_run(kind, run_dir, outside)
+        await_condition(lambda: logs.matching("submit endpoint serving", "again"), timeout=30)
+        assert submit_dm(server_root, "alice", "bob", "hi")["status"] == "queued"
+        assert lock_holder(server_root) == os.getpid()  # the host lock is taken in the run/ it serves in
+        assert stat.S_IMODE(run_dir.lstat().st_mode) == 0o700 and not run_dir.is_symlink()
+    assert len(rec.calls) == 1
+    assert logs.matching("no client reaches this host; binding it again")
+    assert list(outside.iterdir()) == []  # never followed
+    quarantined = list((server_root / "bot_relay" / "quarantine").iterdir()) if kind in ("symlink", "file") else []
+    assert len(quarantined) == (1 if kind in ("symlink", "file") else 0)
+    if kind == "symlink":
+        assert quarantined[0].is_symlink() and quarantined[0].readlink() == outside
+
+
+def test_a_host_whose_run_directory_another_host_took_says_so_once_and_keeps_trying(server_root: Path) -> None:
+    """The run/ made again holds another process's host lock: binding again is refused, said once (ERROR), tried
+    again at each check, and the host serves again once that lock is free."""
+    run_dir = socket_path(server_root).parent
+    with LogCapture("INFO") as logs, SubmitServer(server_root, send=Recorder(), check_seconds=0.05) as server:
+        checking, check = threading.Event(), server._check_endpoint
+        server._check_endpoint = lambda sock: check(sock) if checking.is_set() else sock  # type: ignore[method-assign]
+        run_dir.rename(run_dir.with_name("run.aside"))
+        with SubmitServer(server_root, send=Recorder()):  # another host, started on the free path
+            checking.set()
+            await_condition(lambda: server._check_spell.failures >= 3, timeout=30)  # tried at each check
+        await_condition(lambda: logs.matching("submit endpoint serving", "again"), timeout=30)
+        assert ping(server_root) is not None
+    assert len(logs.matching("no client reaches this host")) == 1
+    assert len(logs.matching("could not bind it again", "already hosts")) == 1
+
+
 def test_a_second_host_on_the_same_root_is_refused(server_root: Path) -> None:
     with SubmitServer(server_root, send=Recorder()):
         with pytest.raises(RuntimeError, match=f"pid {os.getpid()}"):
@@ -642,6 +738,27 @@ def test_a_serving_gateway_takes_dms_and_answers_outcomes(tmp_path: Path, gatewa
     assert fetch_outcome(root, "0" * 32, wait=0)["status"] == "unknown"
     gw.stop()
     assert submit_dm(root, "alice", "bob", "again")["reason"] == "runtime_offline"
+
+
+def test_a_serving_gateway_binds_its_endpoint_again_at_its_rescan_after_run_is_swapped(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression (hostile-files review): `serve` with its run/ swapped for a symlink stayed unreachable (a bot's
+    submit_dm got runtime_offline while the host ran) and logged nothing; the gateway's rescan now binds it again."""
+    root = make_root(tmp_path, config={"bot_mode": {"rescan_seconds": 0.05}})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with LogCapture() as logs:
+        start_gateway(gateways, root, RecordingRunner(), serve_submit=True)
+        run_dir = socket_path(root).parent
+        run_dir.rename(run_dir.with_name("run.aside"))
+        run_dir.symlink_to(outside)
+        await_condition(lambda: not run_dir.is_symlink() and ping(root) is not None, timeout=30)
+    ack = submit_dm(root, "alice", "bob", "hi")
+    assert ack["status"] == "queued"
+    assert fetch_outcome(root, ack["delivery_id"], wait=30)["status"] == "replied"
+    assert logs.matching("its directory was replaced by a symlink or a file, so no client reaches this host")
+    assert list(outside.iterdir()) == []
 
 
 def test_a_submitted_hop_counts_for_the_conversation_guard(tmp_path: Path, gateways: list[Gateway]) -> None:

@@ -6,6 +6,7 @@ import errno
 import fcntl
 import os
 import socket
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,21 +94,55 @@ def test_flock_now_refuses_an_operation_that_could_wait(tmp_path: Path) -> None:
         os.close(fd)
 
 
-@pytest.mark.parametrize("swapped", ["bot_relay", "bot_relay/locks"])
-def test_a_lock_directory_swapped_for_a_symlink_is_refused_never_followed(tmp_path: Path, swapped: str) -> None:
+def test_a_bot_relay_swapped_for_a_symlink_refuses_the_lock_never_followed(tmp_path: Path) -> None:
     from hermes_actors.store.turnlock import turn_lock_path
 
     root, outside = tmp_path / "root", tmp_path / "outside"
     (root / "bot_relay" / "locks").mkdir(parents=True)
     (outside / "locks").mkdir(parents=True)  # what a swapped bot_relay/ would hold
-    os.rename(root / swapped, tmp_path / "moved")
-    os.symlink(outside if swapped == "bot_relay" else outside / "locks", root / swapped)
+    os.rename(root / "bot_relay", tmp_path / "moved")
+    os.symlink(outside, root / "bot_relay")
     lock = TurnLock(turn_lock_path(root, "carol"))
     with pytest.raises(OSError, match=r"turn lock directory is refused: .* is a symlink"):
         lock.try_acquire()
     with pytest.raises(OSError, match="is a symlink"):
         lock.acquire(deadline=0.0)
     assert sorted(p.name for p in outside.rglob("*")) == ["locks"]  # nothing created through the link
+    assert (root / "bot_relay").is_symlink()  # bot_relay/ itself is the user's to put back: never moved
+
+
+@pytest.mark.parametrize("swapped", ["symlink", "file"])
+def test_a_locks_directory_swapped_is_put_back_as_the_rescan_does_and_the_lock_works(
+    tmp_path: Path, swapped: str, logs: LogCapture
+) -> None:
+    """Regression (hostile-files review): a locks/ swapped for a symlink failed an acked DM at once, `failed
+    [runtime_offline] … Taking the turn lock failed (PermissionError: … locks is a symlink…); the DM was NOT
+    delivered. Resend shortly.`, though the rescan put locks/ back 2 s later (a swapped lock FILE was already moved
+    aside and the DM ran). The lock now moves the swapped locks/ into quarantine/ by the rescan's rule and makes it
+    again."""
+    from hermes_actors.store.turnlock import turn_lock_path
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    locks = root / "bot_relay" / "locks"
+    locks.mkdir(parents=True)
+    outside.mkdir()
+    os.rename(locks, tmp_path / "moved")
+    if swapped == "symlink":
+        os.symlink(outside, locks)
+    else:
+        locks.write_text("not a directory")
+    lock = TurnLock(turn_lock_path(root, "carol"))
+    try:
+        assert lock.try_acquire()
+        lock.release()
+    finally:
+        lock.close()
+    assert locks.is_dir() and not locks.is_symlink() and (locks / "carol.lock").is_file()
+    assert stat.S_IMODE(locks.stat().st_mode) == 0o700
+    [moved] = (root / "bot_relay" / "quarantine").iterdir()
+    assert moved.name.startswith("locks.") and moved.is_symlink() == (swapped == "symlink")
+    assert list(outside.iterdir()) == []  # never followed
+    assert logs.matching("quarantined", str(locks), "a relay directory was replaced by a symlink or a file")
 
 
 def _plant_socket(path: Path) -> None:

@@ -11,10 +11,12 @@ import pykka
 from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.core.reasons import RUNTIME_OFFLINE
-from hermes_actors.core.targets import text_problem
+from hermes_actors.core.targets import dm_body, message_length_problem, text_problem
+from hermes_actors.core.wake import WAKE_ORIGIN, wake_text_problem
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Delivery, Outcome, PendingAck
-from hermes_actors.records import BOT_CHAT_SESSION, Origin, outcome_status
+from hermes_actors.records import BOT_CHAT_SESSION, RELAY_ORIGIN, Origin, outcome_status
+from hermes_actors.store.relay_protocol import envelope_message_problem
 
 __all__ = [
     "LIVE_OWNER_DETAIL",
@@ -134,15 +136,34 @@ def _text_field_problem(field_name: str, value: Any) -> str | None:
     return text_problem(field_name, value)
 
 
+def _content_length_problem(content: str, origin: Any, sender_handle: Any) -> str | None:
+    """Pure: why ``content`` is longer than the live path gives a delivery of ``origin``, or None.
+
+    Each origin's own rule, the one its live path applies: a relayed-in DM's text is its envelope's message
+    (:func:`~hermes_actors.store.relay_protocol.envelope_message_problem`), a wake's is :func:`wake_text`'s
+    (:func:`~hermes_actors.core.wake.wake_text_problem`), any other is a DM's header and message, held to
+    :func:`~hermes_actors.core.targets.message_length_problem` (16,000 characters).
+    """
+    if origin == RELAY_ORIGIN:
+        problem = envelope_message_problem(content)
+        return None if problem is None else f"content: the envelope's {problem}"
+    if origin == WAKE_ORIGIN:
+        return wake_text_problem(content)
+    problem = message_length_problem(dm_body(content, sender_handle if isinstance(sender_handle, str) else ""))
+    return None if problem is None else f"content: {problem}"
+
+
 def delivery_problem(record: Any, delivery_id: str | None = None) -> str | None:
     """Pure: why a journaled ``accepted`` record is not one this gateway could have written, or None.
 
     The journal is a file on disk: a corrupt or planted line must not run a turn with a delivery id of
     ``../../x`` or a target of ``../etc``. Each field is held to what the live path gives it: the id to
     :func:`hermes_actors.core.ids.is_delivery_id` (and to the record's own ``id``), profile names to the
-    handle grammar, the texts to valid UTF-8, ``hop`` a non-negative int, ``accepted_at`` a finite number,
-    ``origin`` one of :data:`hermes_actors.records.Origin`, ``wake`` a bool or None, and ``session`` to
-    :data:`~hermes_actors.records.BOT_CHAT_SESSION` (or absent): the only session a journaled DM runs in
+    handle grammar, the texts to valid UTF-8, ``content`` to the length its origin's live path allows
+    (a DM's message to 16,000 characters: :func:`_content_length_problem`), ``hop`` a non-negative int,
+    ``accepted_at`` a finite number, ``origin`` one of :data:`hermes_actors.records.Origin`, ``wake`` a bool or
+    None, and ``session`` to :data:`~hermes_actors.records.BOT_CHAT_SESSION` (or absent): the only session a
+    journaled DM runs in
     (``message_agent`` is refused in any other, a DM never takes its caller's title, and a room's member
     turns, ``Group: <name>``, are never journaled). A runner passes the session as the title of the
     session the turn posts into (``-c <title>``): a foreign record must not pick that session.
@@ -170,6 +191,10 @@ def delivery_problem(record: Any, delivery_id: str | None = None) -> str | None:
     problem = next((p for p in checks if p is not None), None)
     if problem is not None:
         return problem
+    if isinstance(record.get("content"), str):
+        problem = _content_length_problem(record["content"], record.get("origin", "local"), record.get("sender_handle"))
+        if problem is not None:
+            return problem
     session = record.get("session", BOT_CHAT_SESSION)  # absent: a record of a version before rooms
     if session != BOT_CHAT_SESSION:
         return f"session {session!r} is not {BOT_CHAT_SESSION!r}, the only session a DM runs in"

@@ -45,8 +45,10 @@ __all__ = [
     "RelayRoute",
     "Route",
     "consults_remote_roster",
+    "dm_body",
     "header_name",
     "local_taken_forms",
+    "message_length_problem",
     "plan_send",
     "prefixed_content",
     "refuse",
@@ -190,6 +192,45 @@ def prefixed_content(sender: ProfileInfo, body: str) -> str:
     return f"{DM_SIGNATURE_START}{header_name(sender.display_name)} (@{sender.handle}): {body}"
 
 
+def message_length_problem(body: str) -> str | None:
+    """Pure: the one rule for how long a DM's message may be (:data:`MESSAGE_MAX_CHARS`), or None when it fits.
+
+    The live path's (:func:`plan_send`, on the stripped message), and the journal's for a DM it re-offers
+    (:func:`hermes_actors.core.acks.delivery_problem`, on :func:`dm_body` of the journaled text).
+
+    Args:
+        body: the message, without the DM's header.
+
+    Returns:
+        ``message too long (N chars > 16000)``, or None.
+    """
+    if len(body) > MESSAGE_MAX_CHARS:
+        return f"message too long ({len(body)} chars > {MESSAGE_MAX_CHARS})"
+    return None
+
+
+def dm_body(content: str, sender_handle: str) -> str:
+    """Pure: the message of a DM's text, :func:`prefixed_content` undone (the header cut off).
+
+    The header is the signature, the display name as :func:`header_name` shows it (at most
+    :data:`HEADER_NAME_MAX_CHARS` characters) and `` (@<handle>): ``; its last `` (@<handle>): `` that
+    can end a header is taken (a display name holding one is still cut off whole).
+
+    Args:
+        content: a DM's text, as the target reads it (untrusted: a journaled record's).
+        sender_handle: the sender's handle its header names.
+
+    Returns:
+        The message after the header; ``content`` whole when it carries no such header.
+    """
+    if not content.startswith(DM_SIGNATURE_START):
+        return content
+    tail = f" (@{sender_handle}): "
+    start = len(DM_SIGNATURE_START)
+    end = content.rfind(tail, start, start + HEADER_NAME_MAX_CHARS + len(tail))
+    return content if end < 0 else content[end + len(tail):]
+
+
 def _find_sender(snapshot: RosterSnapshot, sender: str) -> ProfileInfo | None:
     return snapshot.index.get(profile_key(sender))
 
@@ -327,11 +368,9 @@ def plan_send(
         return refuse(problem)
     if not body:
         return refuse("message is required — compose what you want to say to that agent.")
-    if len(body) > MESSAGE_MAX_CHARS:
-        return refuse(
-            f"message too long ({len(body)} chars > {MESSAGE_MAX_CHARS}). "
-            "Send the essentials; share large content as a file path instead."
-        )
+    too_long = message_length_problem(body)
+    if too_long is not None:
+        return refuse(f"{too_long}. Send the essentials; share large content as a file path instead.")
     if target is not None and not isinstance(target, str):
         # The seed would str() it: Path("bob") or an object whose str() is "bob" would reach bob, 5 would be "5".
         return _roster_refusal(snapshot, me, f"Invalid target: it must be a name (text), not {type(target).__name__}.")

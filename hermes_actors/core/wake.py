@@ -56,6 +56,7 @@ __all__ = [
     "wake_retry_id",
     "wake_retryable",
     "wake_text",
+    "wake_text_problem",
     "wake_turn_time_left",
 ]
 
@@ -64,6 +65,9 @@ WAKE_MODES = ("auto", "true", "false")
 # Under what hermes 0.19 takes, note included: 100 KiB on the CLI's command line, and 65,536 characters
 # of message text through its API server (gateway/platforms/api_server.py MAX_NORMALIZED_TEXT_LENGTH cuts the rest).
 WAKE_TEXT_MAX_BYTES = 60 * 1024
+# The most wake_text adds past WAKE_TEXT_MAX_BYTES: its note, naming the root (a path of at most 4,096 bytes, each
+# byte at most 4 characters once quoted for a shell) and the DM's id.
+WAKE_NOTE_MAX_BYTES = 20 * 1024
 WAKE_RETRY_MOST = 60.0  # the longest back-off between two attempts of a wake (unless wake_retry_seconds is longer)
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
@@ -390,6 +394,22 @@ def wake_text(text: str, delivery_id: str, root: Path, limit: int = WAKE_TEXT_MA
     kept = data[:limit].decode("utf-8", "ignore")  # never half a character
     return (f"{kept}\n\n[cut here: the whole text is {len(text):,} characters; "
             f"`{shell_command('hermes-actors', 'outcome', '--root', root, delivery_id)}` prints it]")
+
+
+def wake_text_problem(text: str) -> str | None:
+    """Pure: why ``text`` is longer than any :func:`wake_text` returns (its limit and its note), or None.
+
+    The journal's rule for a wake it re-offers (:func:`hermes_actors.core.acks.delivery_problem`).
+
+    Args:
+        text: a wake's text (valid UTF-8: no lone surrogate).
+
+    Returns:
+        ``wake text too long (N bytes > M)``, or None.
+    """
+    size = len(text.encode("utf-8"))
+    most = WAKE_TEXT_MAX_BYTES + WAKE_NOTE_MAX_BYTES
+    return f"wake text too long ({size} bytes > {most})" if size > most else None
 
 
 def wake_delivery(request: WakeRequest, *, now: float) -> Delivery:

@@ -99,11 +99,13 @@ class _Endpoint:
         # knows the hermes CLI and the plugin matter; the connection id the host runs as (given by
         # --connection-id, not always in config.yaml): doctor looks for it on Redis; and how its turns run
         # now (warm or the CLI, asked at each ping: the real Hermes' runner is chosen as the start ends)
+        # Its path is checked at the gateway's rescan period: a run/ swapped meanwhile is put back and bound again.
         hermes_turns = runs_hermes(gw.runner)
         self.server = SubmitServer(gw.root, send=_send_via(gw), outcome=_outcome_via(gw), status=_status_via(gw),
                                    roster=gw.roster, room=room_handler(gw),
                                    info={"runs_hermes": hermes_turns, "connection_id": gw.connection_id},
-                                   live_info=lambda: turns_info(gw.runner))
+                                   live_info=lambda: turns_info(gw.runner),
+                                   check_seconds=gw.config.rescan_seconds if gw.config is not None else None)
 
     def open(self) -> _Endpoint:
         self.server.start()

@@ -19,6 +19,13 @@ the host is busy). Nothing else runs in the background. An ``accept()`` that fai
 (:mod:`hermes_actors.core.accept_retry`): only the server's own stop, or a listening
 socket that is itself unusable, ends the accept thread.
 
+A client reaches the host only through the path: a ``run/`` swapped for a symlink (or
+removed, or replaced) while the host runs leaves its socket where no client finds it. So the
+accept thread looks at the path every ``check_seconds`` (the gateway's rescan) and, when it
+no longer leads to the socket it bound (:func:`endpoint_fault`), says so (WARNING), moves a
+swapped ``run/`` into ``quarantine/`` as the relay's rescan moves its directories, makes
+``run/`` again, takes the host lock there and binds the socket again.
+
 Wire format and texts: :mod:`hermes_actors.hermes.submit_protocol`; the socket checks both ends
 make: :mod:`hermes_actors.hermes.submit_socket`; the host lock: :mod:`hermes_actors.hermes.submit_lock`;
 what a request is answered with: :mod:`hermes_actors.hermes.submit_handlers`; the client
@@ -76,13 +83,18 @@ from hermes_actors.hermes.submit_socket import (
     recv_by,
     socket_address,
 )
-from hermes_actors.store.os_errors import store_error
+from hermes_actors.relay.strays import move_swapped_aside
+from hermes_actors.store.os_errors import resource_failure, store_error
 from hermes_actors.store.private_dir import ensure_private_dir
+from hermes_actors.store.relay_dirfd import open_dir_below
+from hermes_actors.store.relay_inbox import InboxPaths
+from hermes_actors.store.relay_quarantine import quarantine
 
 __all__ = [
     "HostLost",
     "HostOffline",
     "SubmitServer",
+    "endpoint_fault",
     "fetch_outcome",
     "fetch_roster",
     "fetch_status",
@@ -90,6 +102,43 @@ __all__ = [
     "request",
     "submit_dm",
 ]
+
+
+# what endpoint_fault finds: the run directory at its path is not the one the socket is in, or the socket is gone
+RUN_GONE = "its directory is gone"
+RUN_SWAPPED = "its directory was replaced by a symlink or a file"
+RUN_REPLACED = "its directory was replaced by another directory"
+SOCKET_GONE = "the socket file is gone"
+SOCKET_REPLACED = "the socket file was replaced"
+_RUN_FAULTS = (RUN_GONE, RUN_SWAPPED, RUN_REPLACED)
+
+
+def endpoint_fault(run_entry: os.stat_result | None, held_dir: os.stat_result, socket_entry: os.stat_result | None,
+                   bound_ino: int) -> str | None:
+    """Pure: why a client no longer reaches the socket this host bound, or None when it does.
+
+    Args:
+        run_entry: ``lstat`` of ``bot_relay/run`` as it is now (None: missing).
+        held_dir: ``fstat`` of the run directory the host opened and bound its socket in.
+        socket_entry: ``lstat`` of ``submit.sock`` in that directory (None: missing).
+        bound_ino: the inode of the socket the host bound.
+
+    Returns:
+        :data:`RUN_GONE`, :data:`RUN_SWAPPED` (a symlink or anything but a directory), :data:`RUN_REPLACED`
+        (another directory at the path), :data:`SOCKET_GONE` or :data:`SOCKET_REPLACED`; None when the path
+        leads to the bound socket.
+    """
+    if run_entry is None:
+        return RUN_GONE
+    if not stat.S_ISDIR(run_entry.st_mode):
+        return RUN_SWAPPED
+    if (run_entry.st_dev, run_entry.st_ino) != (held_dir.st_dev, held_dir.st_ino):
+        return RUN_REPLACED
+    if socket_entry is None:
+        return SOCKET_GONE
+    if not stat.S_ISSOCK(socket_entry.st_mode) or socket_entry.st_ino != bound_ino:
+        return SOCKET_REPLACED
+    return None
 
 
 class SubmitServer:
@@ -111,6 +160,8 @@ class SubmitServer:
             between two reads: a client trickling bytes is cut off), and again to take the answer.
         info: extra keys for the ``ping`` answer.
         live_info: returns more keys for the ``ping`` answer, asked at each ping.
+        check_seconds: how often the accept thread checks that the socket's path still leads to the socket
+            it bound, and binds it again when not (the gateway's ``bot_mode.rescan_seconds``); None: never.
     """
 
     def __init__(
@@ -127,6 +178,7 @@ class SubmitServer:
         read_timeout: float = 5.0,
         info: dict[str, Any] | None = None,
         live_info: Callable[[], dict[str, Any]] | None = None,
+        check_seconds: float | None = None,
     ) -> None:
         self.root = Path(root).expanduser()
         self.path = socket_path(self.root)
@@ -134,6 +186,8 @@ class SubmitServer:
                                      room=room, info=dict(info or {}), live_info=live_info)
         self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
         self.read_timeout = read_timeout
+        self.check_seconds = check_seconds
+        self._check_spell = Spell()  # checks in a row that found the endpoint unreachable: said once, and its end
         self._slots = threading.BoundedSemaphore(max_connections)
         self._state_lock = threading.Lock()
         self._state = "new"
@@ -176,43 +230,167 @@ class SubmitServer:
         return self
 
     def _bind(self) -> None:
+        self._dir_fd, self._lock_fd = self._open_run_dir()
+        self._sock, self._sock_ino = self._bind_socket(self._dir_fd)
+        self._wake_r, self._wake_w = socket.socketpair()
+
+    def _open_run_dir(self) -> tuple[int, int]:
+        """Make (0700) and open the run directory, take the host lock in it: (its descriptor, the lock's).
+
+        Raises:
+            As :meth:`start` (nothing is left open).
+        """
         run_dir = self.path.parent
         ensure_private_dir(run_dir, within=self.root)  # bot_relay/ and run/, neither through a swapped symlink
-        self._dir_fd = open_run_dir(self.root)  # as a client opens it: bot_relay/ and run/ never followed
-        if stat.S_IMODE(os.fstat(self._dir_fd).st_mode) & 0o077:
-            try:
-                os.fchmod(self._dir_fd, 0o700)  # ours (checked); nobody else may even look up the socket
-            except OSError as exc:  # an error on a descriptor names no file: name it (a read-only disk)
-                raise store_error("chmod 0700", run_dir, exc) from exc
-        self._lock_fd = take_host_lock(self._dir_fd, run_dir / LOCK_NAME, self.root)
+        dir_fd = open_run_dir(self.root)  # as a client opens it: bot_relay/ and run/ never followed
         try:
-            self._bind_socket()
-        except HostileFileError:
+            if stat.S_IMODE(os.fstat(dir_fd).st_mode) & 0o077:
+                try:
+                    os.fchmod(dir_fd, 0o700)  # ours (checked); nobody else may even look up the socket
+                except OSError as exc:  # an error on a descriptor names no file: name it (a read-only disk)
+                    raise store_error("chmod 0700", run_dir, exc) from exc
+            return dir_fd, take_host_lock(dir_fd, run_dir / LOCK_NAME, self.root)
+        except BaseException:
+            os.close(dir_fd)
             raise
+
+    def _bind_socket(self, dir_fd: int) -> tuple[socket.socket, int]:
+        """Replace a stale socket of ours, bind ours (0600) in ``dir_fd`` and listen: we hold the host lock.
+
+        Returns:
+            The listening socket and the inode of its file.
+
+        Raises:
+            HostileFileError: something that is not a socket of ours sits at the socket's name.
+            StoreError: the socket could not be made (the text names it in full).
+        """
+        try:
+            try:
+                st = os.lstat(SOCKET_NAME, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            else:
+                if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+                    raise HostileFileError(
+                        f"refusing to replace {self.path}: it is not a socket of ours; remove it by hand"
+                    )
+                os.unlink(SOCKET_NAME, dir_fd=dir_fd)  # we hold the lock: whoever bound it is gone
+                logger.info("replaced the stale submit socket {}", self.path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                sock.bind(socket_address(dir_fd, self.path))
+                os.chmod(SOCKET_NAME, 0o600, dir_fd=dir_fd)
+                ino = os.lstat(SOCKET_NAME, dir_fd=dir_fd).st_ino
+                sock.listen(64)
+                sock.setblocking(False)
+            except BaseException:
+                sock.close()
+                raise
         except OSError as exc:  # named relative to the directory (or not at all): name the socket in full
             raise store_error("create the socket", self.path, exc) from exc
+        return sock, ino
 
-    def _bind_socket(self) -> None:
-        """Replace a stale socket of ours, bind ours (0600) and listen: we hold the host lock."""
-        try:
-            st = os.lstat(SOCKET_NAME, dir_fd=self._dir_fd)
-        except FileNotFoundError:
-            pass
+    # ── the endpoint's path, checked every check_seconds ────────────────────
+
+    def _check_endpoint(self, sock: socket.socket) -> socket.socket:
+        """On the accept thread: bind the endpoint again when its path no longer leads to ``sock``.
+
+        Said once while it lasts (a WARNING naming what was found, an ERROR when it cannot be bound again,
+        retried at each check), and once when it serves again.
+
+        Args:
+            sock: the socket the accept thread listens on.
+
+        Returns:
+            The socket to listen on from now on (``sock`` when nothing changed).
+        """
+        with self._state_lock:
+            if self._state != "running" or self._sock is not sock:
+                return sock
+            fault = self._fault()
+            if fault is None:
+                return sock
+            self._check_spell, say = self._check_spell.failed()
+            if say:
+                logger.warning("submit endpoint {}: {}, so no client reaches this host; binding it again",
+                               self.path, fault)
+            try:
+                self._serve_again(fault)
+            except (OSError, RuntimeError, ValueError) as exc:  # StoreError; HostileFileError; another host
+                self._said_cannot_bind(exc, say)
+                return sock
+            self._check_spell, _ = self._check_spell.landed()
+            logger.info("submit endpoint serving {} again", self.path)
+            assert self._sock is not None
+            return self._sock
+
+    @staticmethod
+    def _said_cannot_bind(exc: BaseException, first: bool) -> None:
+        if first:
+            logger.error("submit endpoint: could not bind it again: {}; clients find no host on this root until it "
+                         "can be (tried again at each rescan)", exc)
         else:
-            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
-                raise HostileFileError(
-                    f"refusing to replace {self.path}: it is not a socket of ours; remove it by hand"
-                )
-            os.unlink(SOCKET_NAME, dir_fd=self._dir_fd)  # we hold the lock: whoever bound it is gone
-            logger.info("replaced the stale submit socket {}", self.path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self._sock = sock
-        sock.bind(socket_address(self._dir_fd, self.path))
-        os.chmod(SOCKET_NAME, 0o600, dir_fd=self._dir_fd)
-        self._sock_ino = os.lstat(SOCKET_NAME, dir_fd=self._dir_fd).st_ino
-        sock.listen(64)
-        sock.setblocking(False)
-        self._wake_r, self._wake_w = socket.socketpair()
+            logger.debug("submit endpoint: could not bind it again: {}", exc)
+
+    def _fault(self) -> str | None:
+        """What :func:`endpoint_fault` finds now; None too when the path cannot be looked at for a transient reason.
+
+        ``bot_relay/`` itself swapped or another user's is a fault (:data:`RUN_SWAPPED`): binding again then
+        fails, and says why.
+        """
+        run_dir = self.path.parent
+        try:
+            parent = open_dir_below(self.root, run_dir.parent)
+        except FileNotFoundError:
+            return RUN_GONE
+        except HostileFileError:
+            return RUN_SWAPPED
+        except OSError as exc:
+            if not resource_failure(exc):
+                logger.debug("submit endpoint: {} could not be looked at: {}", run_dir.parent, exc)
+            return None  # out of descriptors: no sign that anything moved; the next check looks again
+        try:
+            run_entry = _lstat_or_none(run_dir.name, parent)
+        finally:
+            os.close(parent)
+        return endpoint_fault(run_entry, os.fstat(self._dir_fd), _lstat_or_none(SOCKET_NAME, self._dir_fd),
+                              self._sock_ino)
+
+    def _serve_again(self, fault: str) -> None:
+        """Bind the endpoint again (under the state lock, while running): in a new run directory for a fault of
+        the directory, else in the one held; then let the old socket go.
+
+        Raises:
+            RuntimeError: another process took the host lock of the new run directory.
+            HostileFileError: ``bot_relay/`` is swapped or another user's, or the socket's name is taken.
+            StoreError: a directory, the lock or the socket could not be made.
+        """
+        run_dir = self.path.parent
+        if fault in _RUN_FAULTS:
+            if fault == RUN_SWAPPED:
+                move_swapped_aside(InboxPaths.from_root(self.root), run_dir)  # the relay's rule; never raises
+            dir_fd, lock_fd = self._open_run_dir()
+        else:
+            dir_fd, lock_fd = self._dir_fd, self._lock_fd
+            if fault == SOCKET_REPLACED:  # not ours to serve on, ours to move aside (never followed)
+                quarantine(InboxPaths.from_root(self.root).relay, self.path, "not the host's submit socket")
+        try:
+            sock, ino = self._bind_socket(dir_fd)
+        except BaseException:
+            if dir_fd != self._dir_fd:
+                os.close(lock_fd)
+                os.close(dir_fd)
+            raise
+        old_sock, old_dir_fd, old_lock_fd = self._sock, self._dir_fd, self._lock_fd
+        if old_sock is not None:
+            self._turn_away_backlog(old_sock, {"error": "the Bot Mode host is binding its submit endpoint again; "
+                                               "try again in a moment", "reason": RUNTIME_OFFLINE})
+            self._unlink_socket()  # only the socket we bound, where it is now
+            old_sock.close()
+        if dir_fd != old_dir_fd:
+            os.close(old_lock_fd)
+            os.close(old_dir_fd)
+        self._dir_fd, self._lock_fd, self._sock, self._sock_ino = dir_fd, lock_fd, sock, ino
 
     def stop_accepting(self, timeout: float = 5.0) -> None:
         """Stop accepting, remove the socket, wait up to ``timeout`` for open connections. Idempotent.
@@ -292,12 +470,15 @@ class SubmitServer:
         spell = Spell()  # accepts failing in a row (out of descriptors...): said once, and once when they pass
         while True:
             try:
-                ready = _readable([sock, wake], None)
+                ready = _readable([sock, wake], self.check_seconds)
             except (OSError, ValueError):  # a socket closed under the wait: the stop is under way
                 return
             if wake.fileno() in ready:
                 self._turn_away_backlog(sock)
                 return
+            if not ready:  # check_seconds passed: does the path still lead here?
+                sock = self._check_endpoint(sock)
+                continue
             try:
                 conn, _ = sock.accept()
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):  # that client went away first
@@ -386,8 +567,8 @@ class SubmitServer:
         """Answer "busy" from the accept thread without ever blocking it."""
         self._answer_unread(conn, {"error": "the Bot Mode host is busy; try again in a moment", "reason": UNKNOWN})
 
-    def _turn_away_backlog(self, sock: socket.socket) -> None:
-        """Answer every connection still waiting to be accepted that this host is stopping.
+    def _turn_away_backlog(self, sock: socket.socket, answer: dict[str, Any] | None = None) -> None:
+        """Answer every connection still waiting to be accepted that this host is stopping (or ``answer``).
 
         Closing the listening socket would reset them, and a client cannot tell that reset from a
         host that died after taking its DM (:class:`HostLost`: "do not resend"). Their requests
@@ -400,8 +581,8 @@ class SubmitServer:
                 conn, _ = sock.accept()
             except OSError:  # BlockingIOError: the backlog is empty
                 return
-            self._answer_unread(conn, {"op": STOPPING_OP, "error": "the Bot Mode host is stopping; the request was "
-                                       "not taken", "reason": RUNTIME_OFFLINE})
+            self._answer_unread(conn, answer or {"op": STOPPING_OP, "error": "the Bot Mode host is stopping; the "
+                                                 "request was not taken", "reason": RUNTIME_OFFLINE})
 
     @staticmethod
     def _answer_unread(conn: socket.socket, answer: dict[str, Any]) -> None:
@@ -414,6 +595,14 @@ class SubmitServer:
             conn.send(encode(answer))
             conn.shutdown(socket.SHUT_WR)
         conn.close()
+
+
+def _lstat_or_none(name: str, dir_fd: int) -> os.stat_result | None:
+    """``lstat`` of ``name`` in the open directory ``dir_fd`` (never followed), None when it is not there."""
+    try:
+        return os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
 
 
 def _readable(socks: list[socket.socket], seconds: float | None) -> set[int]:

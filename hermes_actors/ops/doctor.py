@@ -63,17 +63,18 @@ def _cli_version(cli: str) -> tuple[str | None, str | None]:
     return (text[0] if text else None), None
 
 
-def _profile_facts(home: Path) -> tuple[bool | None, str | None]:
-    """Whether the profile's config.yaml lists the plugin, and the model it names as hermes reads it
+def _profile_facts(home: Path) -> tuple[bool | None, str | None, str | None]:
+    """Whether the profile's config.yaml lists the plugin, the model it names as hermes reads it
     (:func:`~hermes_actors.hermes.install.model_name`; ``"(completed by hermes)"`` for a section with only a
-    provider or a base URL, ``""`` for none); (None, None) when that file does not read."""
+    provider or a base URL, ``""`` for none), and None; (None, None, why) when that file does not read (``why``:
+    :func:`~hermes_actors.store.yaml_file.read_yaml_mapping`'s line, the one the ``config keys`` check shows)."""
     data, problem = read_yaml_mapping(home / "config.yaml")
     if problem:
-        return None, None
+        return None, None, problem
     plugins = data.get("plugins")
     enabled = plugins.get("enabled") if isinstance(plugins, dict) else None
     named = model_name(data) or ("" if names_no_model(data) else "(completed by hermes)")
-    return isinstance(enabled, list) and PLUGIN_NAME in enabled, named
+    return isinstance(enabled, list) and PLUGIN_NAME in enabled, named, None
 
 
 def _warm_facts(root: Path, raw: dict[str, Any]) -> tuple[str | None, bool, bool, str, bool, str, bool]:
@@ -132,7 +133,8 @@ def run_doctor(
     facts = {p.profile: _profile_facts(profile_home(root, p.profile)) for p in profiles
              if p.managed or CLI_PROFILE_RE.match(p.profile)}
     managed = {p.profile for p in profiles if p.managed}
-    enabled = {name: plugin for name, (plugin, _model) in facts.items() if name in managed}
+    enabled = {name: plugin for name, (plugin, _model, _why) in facts.items() if name in managed}
+    unread = {name: why for name, (_plugin, _model, why) in facts.items() if why is not None}
     path = root / "config.yaml"
     raw, problem = read_yaml_mapping(path)
     pong = ping(root)
@@ -140,8 +142,8 @@ def run_doctor(
         check_cli(found, version, error),
         check_managed(root, profiles),
         check_profile_folders(root, scan_profile_dirs(root)[1]),
-        check_plugin(root, enabled),
-        check_models(root, {name: model for name, (_plugin, model) in facts.items()}),
+        check_plugin(root, enabled, unread),
+        check_models(root, {name: model for name, (_plugin, model, _why) in facts.items()}, unread),
         check_daemon(root, pong),
         check_journal(*journal_files_found(root), os.getuid()),
         check_config_keys(path, raw, problem),

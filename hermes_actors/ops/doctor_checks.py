@@ -115,31 +115,54 @@ def check_profile_folders(root: Path, problems: list[str]) -> Check:
     :func:`~hermes_actors.store.hermes_root.scan_profile_dirs`).
 
     A ``profiles/`` that is a symlink or a file hides every profile but the default one (DMs to
-    them: "Unknown sender/target"), and a folder whose name is no profile name is none (DMs to it:
-    "Invalid target"); the gateway only warns once in its log, so say it here.
+    them: "Unknown sender/target"), a folder whose name is no profile name is none (DMs to it:
+    "Invalid target"), and one another user owns or may write is no bot of this root
+    (:func:`~hermes_actors.store.hermes_root.untrusted_profile`); the gateway only warns once in its log, so say
+    it here.
     """
     if problems:
         return Check("profile folders", WARN, "; ".join(problems),
-                     f"make {root / 'profiles'} and each profile in it a real folder inside the root "
-                     "(not a symlink, not a file) with a profile name (rename a folder the warning names), then "
-                     "restart the host")
-    return Check("profile folders", OK, f"no symlinked, unreadable or unreachable profile folder under {root}")
+                     f"make {root / 'profiles'} and each profile in it a real folder of this user inside the root "
+                     "(not a symlink, not a file, that other users may not write) with a profile name (rename a "
+                     "folder the warning names; remove one that is not this user's), then restart the host")
+    return Check("profile folders", OK, f"no symlinked, unreadable, unreachable or other user's profile folder "
+                 f"under {root}")
 
 
-def check_plugin(root: Path, enabled: dict[str, bool | None]) -> Check:
+def _cannot_tell(root: Path, names: list[str], problems: Mapping[str, str]) -> tuple[str, str]:
+    """Pure: what the checks that read the profiles' ``config.yaml`` say of those that do not read, and the fix.
+
+    One message for one reading rule: each file's problem as
+    :func:`~hermes_actors.store.yaml_file.read_yaml_mapping` words it (what ``config keys`` says of the root's own:
+    ``… is not a regular file``, ``… is malformed YAML (…)``), never a guess at why.
+
+    Args:
+        root: the Hermes root.
+        names: the profiles whose ``config.yaml`` does not read.
+        problems: each one's problem (a profile missing here: "cannot be read").
+
+    Returns:
+        ``(detail, fix)``: ``cannot tell: <problems>``, and ``fix <files>``.
+    """
+    files = [profile_home(root, name) / "config.yaml" for name in names]
+    said = [problems.get(name) or f"config file {path} cannot be read" for name, path in zip(names, files, strict=True)]
+    return f"cannot tell: {'; '.join(said)}", f"fix {', '.join(str(path) for path in files)}"
+
+
+def check_plugin(root: Path, enabled: dict[str, bool | None], problems: Mapping[str, str] | None = None) -> Check:
     """Pure: the hermes-actors plugin is listed in ``plugins.enabled`` of each managed profile.
 
     ``enabled`` maps each managed profile to whether it lists the plugin, or None when its
-    ``config.yaml`` cannot be read (then enabling would not help: the file needs fixing first).
+    ``config.yaml`` cannot be read (then enabling would not help: the file needs fixing first);
+    ``problems`` says why such a file does not read (:func:`_cannot_tell`).
     """
     if not enabled:  # "enabled for 0 managed profile(s)" read as a pass on a root never enabled
         return Check("plugin enabled", BLOCK, "no profile is Bot-Mode-managed, so none lists the plugin: "
                      "no bot has the message_agent tool", _enable(root))
     unreadable = [name for name, on in enabled.items() if on is None]
     if unreadable:
-        homes = ", ".join(str(profile_home(root, name) / "config.yaml") for name in unreadable)
-        return Check("plugin enabled", BLOCK, f"cannot tell: the config.yaml of {', '.join(unreadable)} does not read "
-                     "as YAML (hermes cannot load the plugin from it either)", f"fix {homes}")
+        detail, fix = _cannot_tell(root, unreadable, problems or {})
+        return Check("plugin enabled", BLOCK, f"{detail} (hermes cannot load the plugin from it either)", fix)
     missing = [name for name, on in enabled.items() if not on]
     if enabled and len(missing) == len(enabled):
         return Check("plugin enabled", BLOCK, f"'{PLUGIN_NAME}' is in no profile's plugins.enabled: "
@@ -150,21 +173,21 @@ def check_plugin(root: Path, enabled: dict[str, bool | None]) -> Check:
     return Check("plugin enabled", OK, f"enabled for {len(enabled)} managed profile(s)")
 
 
-def check_models(root: Path, models: dict[str, str | None]) -> Check:
+def check_models(root: Path, models: dict[str, str | None], problems: Mapping[str, str] | None = None) -> Check:
     """Pure: each profile that receives DMs names a model in its own ``config.yaml``.
 
     ``models`` maps each such profile (managed or not: both are on the roster) to its model name
     (``""`` when nothing names one: :func:`~hermes_actors.hermes.install.names_no_model`), or None
-    when its ``config.yaml`` cannot be read (hermes cannot read it either).
+    when its ``config.yaml`` cannot be read (hermes cannot read it either); ``problems`` says why
+    (:func:`_cannot_tell`).
     A profile is its own hermes home: the root's model is not its model. Without one,
     hermes runs a turn only if the profile's environment names a provider; otherwise every
     DM to that bot fails ``missing_config`` after it was acked.
     """
     unreadable = [name for name, model in models.items() if model is None]
     if unreadable:  # a managed one's is named by the plugin check too; an unmanaged one's only here
-        files = ", ".join(str(profile_home(root, name) / "config.yaml") for name in unreadable)
-        return Check("models", WARN, f"cannot tell: the config.yaml of {', '.join(unreadable)} does not read as "
-                     "YAML (hermes cannot run their turns either)", f"fix {files}")
+        detail, fix = _cannot_tell(root, unreadable, problems or {})
+        return Check("models", WARN, f"{detail} (hermes cannot run their turns either)", fix)
     missing = [name for name, model in models.items() if model == ""]
     if missing:
         files = ", ".join(str(profile_home(root, name) / "config.yaml") for name in missing)

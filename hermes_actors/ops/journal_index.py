@@ -126,9 +126,11 @@ def open_journal(path: Path, problems: list[str]) -> int | None:
         os.close(fd)
         problems.append(f"cannot read {path}: {exc.strerror or exc}")
         return None
-    if journal_verdict(info.st_mode, info.st_uid, os.getuid()) != ADOPT:  # swapped since it was looked at
+    if journal_verdict(info.st_mode, info.st_uid, os.getuid(), info.st_size) != ADOPT:  # changed since looked at
         os.close(fd)
-        problems.append(f"refusing {path}: not a regular file of ours")
+        now = entry_at(path)
+        problems.append(described(now) if now is not None and now.verdict != ADOPT
+                        else f"refusing {path}: not a regular file of ours")
         return None
     return fd
 

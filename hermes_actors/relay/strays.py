@@ -17,9 +17,9 @@ from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.relay_quarantine import quarantine, quarantine_directory
 from hermes_actors.store.relay_shelf import holding_places
 
-__all__ = ["ensure_relay_directories", "kept_directories", "owned_directories", "private_directories", "puts_back",
-           "quarantine_misnamed", "quarantine_strays", "refused_at_start", "restore_private_modes", "shelf_parents",
-           "start_directories", "start_refusal"]
+__all__ = ["ensure_relay_directories", "kept_directories", "move_swapped_aside", "owned_directories",
+           "private_directories", "put_back_swapped", "puts_back", "quarantine_misnamed", "quarantine_strays",
+           "refused_at_start", "restore_private_modes", "shelf_parents", "start_directories", "start_refusal"]
 
 # How a start finds a directory of bot_relay/ (_found): what refused_at_start judges
 MISSING, OURS, SWAPPED, FOREIGN = "missing", "ours", "swapped", "foreign"
@@ -52,7 +52,9 @@ def start_directories(paths: InboxPaths) -> tuple[Path, ...]:
     transport's first unconfirmed send): one that is missing is left to it, one swapped is moved into
     ``quarantine/`` as it is (never followed: what a symlink points at is never read, written or moved) and
     made again at once. Not by the rescan (:func:`kept_directories`): a user already running keeps its lock or
-    its open file (``run/submit.lock``, ``rooms/.owner.lock``) in the directory swapped away.
+    its open file (``run/submit.lock``, ``rooms/.owner.lock``) in the directory swapped away; the host puts its
+    own ``run/`` back at its rescan period, taking its lock in the new one
+    (:class:`~hermes_actors.hermes.submit.SubmitServer`).
 
     Not ``journal/``: a journal moved to another disk and linked back holds acked DMs; moved aside, they would
     never run. A swapped one refuses a durable start (:func:`refused_at_start`; the text says how to put the
@@ -235,17 +237,49 @@ def _find_swapped(paths: InboxPaths, directories: tuple[Path, ...], failing: set
     return swapped
 
 
-def _move_aside(paths: InboxPaths, directory: Path) -> None:
-    """Quarantine a swapped relay directory (the entry itself: a symlink is never followed).
+def move_swapped_aside(paths: InboxPaths, directory: Path) -> None:
+    """Quarantine a swapped relay directory (the entry itself: a symlink is never followed). Never raises.
 
-    A swapped ``quarantine/`` cannot be moved into itself: it is renamed aside in ``bot_relay/`` first,
-    a real ``quarantine/`` is made, and then it moves in like any other (:func:`quarantine_directory`).
+    The rescan's rule, and the host's for its ``run/`` (:class:`~hermes_actors.hermes.submit.SubmitServer`):
+    the caller then makes a real directory in its place. A swapped ``quarantine/`` cannot be moved into
+    itself: it is renamed aside in ``bot_relay/`` first, a real ``quarantine/`` is made, and then it moves
+    in like any other (:func:`quarantine_directory`).
+
+    Args:
+        paths: the relay layout.
+        directory: the swapped entry (a directory of ``bot_relay/``).
     """
     why = "a relay directory was replaced by a symlink or a file"
     if directory != paths.relay.quarantine:
         quarantine(paths.relay, directory, why)
         return
     quarantine_directory(directory, paths.relay.quarantine, why, within=paths.relay.root)
+
+
+def put_back_swapped(paths: InboxPaths, directory: Path) -> bool:
+    """Put back one relay directory swapped for a symlink or a file, by the rescan's rule, now.
+
+    For a user that meets it before the rescan does (a turn taking its lock in ``locks/``): the entry is
+    moved into ``quarantine/`` as it is (:func:`move_swapped_aside`, never followed) and the directory made
+    again (0700). Only what :func:`puts_back` promises: not another user's directory, nor anything below a
+    ``bot_relay/`` that is itself swapped.
+
+    Args:
+        paths: the relay layout.
+        directory: the relay directory found swapped.
+
+    Returns:
+        Whether a real directory of ours is there now (False: nothing was moved, or it could not be made: logged).
+    """
+    if not puts_back(paths, directory):
+        return False
+    move_swapped_aside(paths, directory)
+    try:
+        ensure_private_dir(directory, within=paths.relay.root)
+    except (StoreError, ValidationError) as exc:  # swapped again meanwhile, a full disk
+        logger.warning("relay: could not recreate the relay directory {}: {}", directory, exc)
+        return False
+    return True
 
 
 def _put_back(paths: InboxPaths, directories: tuple[Path, ...], unfixable: set[Path]) -> None:
@@ -346,7 +380,7 @@ def quarantine_strays(paths: InboxPaths, *, unfixable: set[Path] | None = None, 
         return 0
     for directory in swapped:
         moved += 1
-        _move_aside(paths, directory)
+        move_swapped_aside(paths, directory)
     # also put back what was removed; and look again at what failed before, to say when it is back
     if swapped or failing or not all(os.path.isdir(d) for d in directories):
         _put_back(paths, directories + tuple(d for d in also if d in swapped or d in failing), failing)

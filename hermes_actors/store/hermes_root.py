@@ -44,6 +44,7 @@ __all__ = [
     "root_path",
     "scan_profile_dirs",
     "slugify",
+    "untrusted_profile",
 ]
 
 MANAGED_KEY = "hermes-bots"
@@ -269,6 +270,54 @@ def _profiles_base_problem(base: Path) -> str | None:
     return None
 
 
+def untrusted_profile(folder: os.stat_result, profile_yaml: os.stat_result | None, uid: int) -> str | None:
+    """Pure: why a profile folder is not this user's to run as a bot, or None when it is.
+
+    Every bot runs as this user, with this user's keys: a folder (or its ``profile.yaml``) another user owns,
+    or that other users may write (the other-write bit: a world-writable ``profiles/`` lets anyone plant one,
+    a world-writable file lets anyone edit it), would let another user add a bot to the roster or change what
+    one says. The group-write bit alone is not refused: a user's private group (umask 002) sets it on every
+    folder they make.
+
+    Args:
+        folder: ``lstat`` of the profile folder.
+        profile_yaml: ``lstat`` of its ``profile.yaml`` (None: missing).
+        uid: this process's uid (the root's owner).
+
+    Returns:
+        The reason (what is wrong, and what to run when it is this user's after all), or None.
+    """
+    for what, st in (("it", folder), ("its profile.yaml", profile_yaml)):
+        if st is None:
+            continue
+        if st.st_uid != uid:
+            return (f"{what} is owned by uid {st.st_uid}, not by this user (uid {uid}), so another user could make it "
+                    "a bot of this root; if it is this user's, chown it (and what is in it) to this user")
+        if st.st_mode & stat.S_IWOTH and not stat.S_ISLNK(st.st_mode):  # a link's mode means nothing (read refuses it)
+            return (f"other users may write {what} (mode {stat.S_IMODE(st.st_mode):04o}), so another user could "
+                    "change what this bot is; take their write permission away (chmod o-w)")
+    return None
+
+
+def _profile_trust_problem(entry: Path) -> str | None:
+    """:func:`untrusted_profile` of the folder ``entry`` as it is now (its ``profile.yaml`` looked at unfollowed).
+
+    Raises:
+        OSError: it could not be looked at for a reason that says nothing about it (out of file descriptors).
+    """
+    try:
+        folder = entry.lstat()
+        try:
+            profile_yaml: os.stat_result | None = (entry / "profile.yaml").lstat()
+        except FileNotFoundError:
+            profile_yaml = None
+    except OSError as exc:
+        if resource_failure(exc):
+            raise
+        return f"it cannot be looked at ({exc})"
+    return untrusted_profile(folder, profile_yaml, os.getuid())
+
+
 def scan_profile_dirs(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     """The valid non-default profile folders under ``<root>/profiles``, and what hid the others.
 
@@ -278,7 +327,8 @@ def scan_profile_dirs(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     Returns:
         ``(folder id, home)`` pairs sorted by name, and the problems, each naming a path and what to do:
         a ``profiles/`` that is a symlink, a file or unreadable (then no pair at all), a profile folder
-        that is a symlink, folders whose names are not profile names (``my.bot``, ``sp ace``: one line naming
+        that is a symlink, one (or whose ``profile.yaml``) another user owns or other users may write
+        (:func:`untrusted_profile`), folders whose names are not profile names (``my.bot``, ``sp ace``: one line naming
         them all, ``core.names.misnamed_profiles_problem``), and folders no DM could reach
         (``core.names.unreachable_profiles``: ``hermes``, ``Default``, a second ``Bob``/``bob``). Files, hidden
         ``.…`` folders and ``default`` (hermes' gateway creates ``profiles/default/`` for its own data) are
@@ -317,6 +367,8 @@ def scan_profile_dirs(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
             logger.debug("skipping profile {}: invalid name", entry)
         elif name == DEFAULT_PROFILE:  # hermes' own (its gateway keeps pairing data there): not a bot
             logger.debug("skipping profile {}: 'default' is the root profile", entry)
+        elif (untrusted := _profile_trust_problem(entry)) is not None:
+            problems.append(f"skipping profile {entry}: {untrusted}")
         else:
             found.append((name, entry))
     misnamed_problem = misnamed_profiles_problem(base, misnamed)

@@ -100,7 +100,7 @@ from hermes_actors.store.journal_adoption import (
 )
 from hermes_actors.store.journal_batch import BatchListener, CommitBatch, DurableCallback
 from hermes_actors.store.journal_file import JournalFile
-from hermes_actors.store.journal_records import JournalFolded, encode_record
+from hermes_actors.store.journal_records import COMPACT_AFTER_BYTES, JournalFolded, encode_record
 from hermes_actors.store.journal_screen import screen_journal_files
 from hermes_actors.store.journal_state import KEEP_DELIVERED, JournalState
 from hermes_actors.store.os_errors import advised, store_error
@@ -230,6 +230,8 @@ class Journal:
         # Checks of our path that could not be made (out of file descriptors, say), said once per spell.
         self._checks_failing = FailureSpell()
         self._compact_failed_at: int | None = None  # our file's lines when a compaction last failed (the back-off)
+        self._whole_end = 0  # bytes of records in our file when it was last written whole (made, compacted)
+        self._compact_failed_end: int | None = None  # ... and when a compaction last failed (the back-off in bytes)
         # Touched by the start's adoption, then by adopt_dead alone (the relay's thread), never concurrently:
         self._settled_files: dict[str, FileMark] = {}  # dead gateways' files found settled (see adopt_dead)
         self._unretired_files: dict[str, FileIdentity] = {}  # adopted files that could not be retired (ditto)
@@ -272,6 +274,7 @@ class Journal:
                 self._writing = True
             try:
                 adopted = self._adopt()
+                self._whole_end = self._file.end  # made whole now: the adopted records and nothing else
             except OSError as exc:  # writing the adopted records to our file: a full disk names no file by itself
                 if isinstance(exc, StoreError):
                     raise
@@ -354,7 +357,7 @@ class Journal:
                 raise self._homeless_error()
             written = True
             if self._said_landed():
-                self._compact_failed_at = None  # space came back (see _commit)
+                self._space_came_back()  # (see _commit)
 
         try:
             return take_over_dead_journals(dead, self._state, write_kept, keep=self.keep_delivered,
@@ -802,7 +805,7 @@ class Journal:
                 if items:
                     self._write_now(lines, flush=batch.flush)
                     if self._said_landed():
-                        self._compact_failed_at = None  # space came back: a compaction that did not fit may now
+                        self._space_came_back()
             except OSError as exc:
                 batch.error = exc
                 self._said_failed(len(items), exc)
@@ -966,8 +969,7 @@ class Journal:
                     "as a directory of ours", self.path, exc)
                 self._set_homeless(True)
             return False
-        self._lines_in_file = len(lines)
-        self._compact_failed_at = None  # a fresh file is compacted: the back-off starts over
+        self._written_whole(len(lines))  # a fresh file is compacted: the back-off starts over
         logger.error("the delivery journal {} was no longer reachable at its path (its directory or the file was "
                      "deleted, moved or replaced): its {} live record(s) were rewritten into a fresh file there",
                      self.path, len(lines))
@@ -1006,17 +1008,31 @@ class Journal:
     # ── compaction (the writer thread, under the write turn) ────────────────
 
     compact_after = 50_000  # lines in our file before it is rewritten with only what matters
+    compact_after_bytes = COMPACT_AFTER_BYTES  # ... or bytes appended since it was last written whole
     keep_delivered = KEEP_DELIVERED  # delivered outcomes kept for wait_outcome after a restart
 
     def _compaction_due(self) -> bool:
-        """Whether our file is to be compacted: past ``compact_after`` lines, and, after a compaction failed,
-        by another ``compact_after`` lines since (under the write turn).
+        """Whether our file is to be compacted: past ``compact_after`` lines, or ``compact_after_bytes`` appended
+        since it was last written whole (lines alone bound no size: a line may hold up to 64 MiB); after a
+        compaction failed, by another ``compact_after`` lines or ``compact_after_bytes`` since (under the write turn).
 
         A nearly full disk takes the appends while the whole compacted file does not fit: tried at every
         commit, the compaction would fail at every commit, writing and removing a whole temp file each time.
         A failed write's spell that ends (space came back) lifts the back-off (:meth:`_commit`).
         """
-        return self._lines_in_file - (self._compact_failed_at or 0) > self.compact_after
+        grown = self._file.end - (self._whole_end if self._compact_failed_end is None else self._compact_failed_end)
+        return (self._lines_in_file - (self._compact_failed_at or 0) > self.compact_after
+                or grown > self.compact_after_bytes)
+
+    def _space_came_back(self) -> None:
+        """A failed write's spell ended: a compaction that did not fit may now (its back-off is lifted)."""
+        self._compact_failed_at = self._compact_failed_end = None
+
+    def _written_whole(self, lines: int) -> None:
+        """Our file was just written whole (compacted, or rewritten fresh) with ``lines`` lines: counts start over."""
+        self._lines_in_file = lines
+        self._whole_end = self._file.end
+        self._space_came_back()
 
     def _try_compact(self) -> None:
         """Compact (the writer thread, under the write turn); a failure is said once per spell and backs off.
@@ -1026,7 +1042,7 @@ class Journal:
         try:
             self._compact()
         except OSError as exc:
-            self._compact_failed_at = self._lines_in_file
+            self._compact_failed_at, self._compact_failed_end = self._lines_in_file, self._file.end
             self._compactions_failing.failed(
                 "journal compaction failed: {}. The journal goes on appending to it (past its {} lines to compact at); "
                 "compaction is tried again after another {} line(s), or once a failed write lands again; the "
@@ -1034,7 +1050,6 @@ class Journal:
                 "journal compaction failed: {} ({} lines; tried again after another {})",
                 store_error("compact", self.path, exc), self.compact_after, self.compact_after)
             return
-        self._compact_failed_at = None
         self._compactions_failing.landed("the delivery journal {} is compacted again ({} failed compaction(s) "
                                          "before)", self.path)
 
@@ -1042,7 +1057,7 @@ class Journal:
         """Rewrite our file with only live state and recent outcomes, then swap it in atomically."""
         lines = self._state.lines()
         self._file.replace_with(lines)
-        self._lines_in_file = len(lines)
+        self._written_whole(len(lines))
         self.compactions += 1
         logger.info("journal compacted to {} line(s)", len(lines))
 

@@ -243,7 +243,7 @@ def _lock_one(
     keep = False
     try:
         info = os.fstat(fd)
-        if journal_verdict(info.st_mode, info.st_uid, os.getuid()) != ADOPT:  # swapped since the lstat
+        if journal_verdict(info.st_mode, info.st_uid, os.getuid(), info.st_size) != ADOPT:  # swapped since the lstat
             swapped = entry_at(path)
             if swapped is not None:
                 _adoptable(swapped, starting=starting, where=where)

@@ -40,6 +40,9 @@ from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.records import Origin
 
 __all__ = [
+    "COMPACT_AFTER_BYTES",
+    "KEPT_OUTCOMES_BYTES",
+    "MAX_JOURNAL_BYTES",
     "MAX_LINE_BYTES",
     "DeliveryState",
     "JournalFolded",
@@ -55,6 +58,16 @@ __all__ = [
 # A finished record holds an outcome: its reply and its text, each up to outcomes.TEXT_MAX_BYTES, which JSON may
 # escape to 6 bytes a byte (\u00XX). A line past this is damage, refused unread.
 MAX_LINE_BYTES = 64 << 20
+# How large a journal file of ours grows. Lines alone bound nothing (50,000 lines of up to 64 MiB each), so a file is
+# also compacted once COMPACT_AFTER_BYTES were appended since it was last written whole (store.journal), and a file
+# written whole carries, of each bin of delivered outcomes it keeps, only the newest whose records fit in
+# KEPT_OUTCOMES_BYTES (store.journal_state). A file of ours is then at most the DMs in flight, 2 x KEPT_OUTCOMES_BYTES
+# of kept outcomes, COMPACT_AFTER_BYTES appended and its last batch: far under MAX_JOURNAL_BYTES unless hundreds of
+# MiB of DMs are in flight at once. A j-*.log larger than that is damage or was put there (`truncate -s 1G`): it is
+# refused unread (store.journal_screen.journal_verdict), never read in full by a start, `outcome`, `status` or doctor.
+COMPACT_AFTER_BYTES = 128 << 20
+KEPT_OUTCOMES_BYTES = 64 << 20
+MAX_JOURNAL_BYTES = 512 << 20
 
 
 @dataclass

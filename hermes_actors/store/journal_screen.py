@@ -36,6 +36,7 @@ from pathlib import Path
 
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import HostileFileError
+from hermes_actors.store.journal_records import MAX_JOURNAL_BYTES
 from hermes_actors.store.relay_dirfd import open_dir_below
 from hermes_actors.store.relay_protocol import JOURNAL, QUARANTINE, RELAY_DIR
 
@@ -61,35 +62,44 @@ def _readable(mode: int, me: int) -> bool:
     return me == 0 or bool(mode & stat.S_IRUSR)
 
 
-def journal_verdict(mode: int, uid: int, me: int) -> str:
+def _oversize(size: int) -> bool:
+    """Pure: whether a journal file of ``size`` bytes is larger than any a gateway writes (MAX_JOURNAL_BYTES)."""
+    return size > MAX_JOURNAL_BYTES
+
+
+def journal_verdict(mode: int, uid: int, me: int, size: int = 0) -> str:
     """Pure: what a durable start does with a ``j-*.log`` entry of the journal directory, as ``lstat`` finds it.
 
     Args:
         mode: its ``st_mode`` (not followed: a symlink is a symlink).
         uid: its owner.
         me: this process's uid.
+        size: its ``st_size``.
 
     Returns:
         :data:`ADOPT` (a regular file of ours that we may read), :data:`REFUSE` (a symlink, a regular file of
-        another user, or one of ours whose mode does not let us read it: it may hold acked DMs and cannot be read
-        safely, or at all) or :data:`SET_ASIDE` (anything that cannot hold records: moved into quarantine, never
-        opened).
+        another user, one of ours whose mode does not let us read it, or one larger than any journal a gateway
+        writes (:data:`~hermes_actors.store.journal_records.MAX_JOURNAL_BYTES`: damage, or a file put there; read,
+        it would cost minutes and gigabytes): it may hold acked DMs and cannot be read safely, or at all) or
+        :data:`SET_ASIDE` (anything that cannot hold records: moved into quarantine, never opened).
     """
     if stat.S_ISLNK(mode):
         return REFUSE
     if stat.S_ISREG(mode):
-        return ADOPT if uid == me and _readable(mode, me) else REFUSE
+        return ADOPT if uid == me and _readable(mode, me) and not _oversize(size) else REFUSE
     return SET_ASIDE
 
 
-def entry_kind(mode: int, uid: int, me: int) -> str:
+def entry_kind(mode: int, uid: int, me: int, size: int = 0) -> str:
     """Pure: what a journal entry is, in words (``a symlink``, ``a FIFO``, ``a file of another user (uid 65534)``,
-    ``a journal file of this user that it may not read (mode 0000)``).
+    ``a journal file of this user that it may not read (mode 0000)``, ``a journal file of this user of 1.0 GiB,
+    larger than any journal a gateway writes (at most 512 MiB)``).
 
     Args:
         mode: its ``st_mode`` (not followed).
         uid: its owner.
         me: this process's uid.
+        size: its ``st_size``.
 
     Returns:
         The words, starting with an article.
@@ -100,9 +110,12 @@ def entry_kind(mode: int, uid: int, me: int) -> str:
     if stat.S_ISREG(mode) and uid != me:
         return f"a file of another user (uid {uid})"
     if stat.S_ISREG(mode):
-        if _readable(mode, me):
-            return "a journal file of this user"
-        return f"a journal file of this user that it may not read (mode {stat.S_IMODE(mode):04o})"
+        if not _readable(mode, me):
+            return f"a journal file of this user that it may not read (mode {stat.S_IMODE(mode):04o})"
+        if _oversize(size):
+            return (f"a journal file of this user of {size / (1 << 30):.1f} GiB, larger than any journal a gateway "
+                    f"writes (at most {MAX_JOURNAL_BYTES >> 20} MiB)")
+        return "a journal file of this user"
     return "not a regular file"
 
 
@@ -116,6 +129,8 @@ class JournalEntry:
         verdict: :func:`journal_verdict`.
         target: a symlink's target as it reads (never followed), else None.
         ours: a regular file of this user (refused: it may not be read; :func:`fix_for` says ``chmod``).
+        oversize: a regular file of this user larger than any journal a gateway writes (refused unread:
+            :func:`fix_for` says how to cut it back, or give it up).
         identity: its device, inode and file type as it was judged (None: not known); the screen moves only that
             entry into quarantine (the type tells apart a new file given the inode of a FIFO removed meanwhile).
     """
@@ -126,13 +141,16 @@ class JournalEntry:
     target: str | None = None
     ours: bool = False
     identity: tuple[int, int, int] | None = None
+    oversize: bool = False
 
 
 def _entry(path: Path, info: os.stat_result, target: str | None, me: int) -> JournalEntry:
     """Pure: the entry ``lstat`` found at ``path`` (``info``), judged by :func:`journal_verdict`."""
-    mode, uid = info.st_mode, info.st_uid
-    return JournalEntry(path, entry_kind(mode, uid, me), journal_verdict(mode, uid, me), target,
-                        stat.S_ISREG(mode) and uid == me, (info.st_dev, info.st_ino, stat.S_IFMT(mode)))
+    mode, uid, size = info.st_mode, info.st_uid, info.st_size
+    ours = stat.S_ISREG(mode) and uid == me
+    return JournalEntry(path, entry_kind(mode, uid, me, size), journal_verdict(mode, uid, me, size), target, ours,
+                        (info.st_dev, info.st_ino, stat.S_IFMT(mode)),
+                        ours and _readable(mode, me) and _oversize(size))
 
 
 def refused_open(path: Path, exc: OSError) -> JournalEntry:
@@ -179,6 +197,10 @@ def fix_for(entry: JournalEntry, me: int) -> str:
         The fix, as commands to run as printed.
     """
     give_up = "or move it out of journal/ to give its DMs up (they never run)"
+    if entry.oversize:
+        return ("look at it: a journal is one JSON record a line, and zeros or junk after its last record (a file "
+                "extended by damage or by hand) can be cut off (truncate -s <its size up to that line> "
+                f"{shell_command(entry.path)}), {give_up}")
     if entry.ours:
         return f"let this user read and write it ({shell_command('chmod', '600', entry.path)}), {give_up}"
     if entry.target is not None:  # relative to the link's directory, as the link reads it

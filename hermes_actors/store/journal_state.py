@@ -13,6 +13,7 @@ from typing import Any
 
 from hermes_actors.records import RELAY_ORIGIN
 from hermes_actors.store.journal_records import (
+    KEPT_OUTCOMES_BYTES,
     DeliveryState,
     JournalFolded,
     delivery_origin,
@@ -128,9 +129,9 @@ class JournalState:
         for recent in (self.recent, self.recent_relayed_in):
             while len(recent) > keep:
                 recent.popitem(last=False)
-        kept = [(key, recent[key]) for key in settled for recent in (self.recent, self.recent_relayed_in)
-                if key in recent]
-        return [encode_record(record) for key, state in [*kept, *live] for record in state_records(key, state)]
+        kept = [_newest_within([(key, recent[key]) for key in settled if key in recent])
+                for recent in (self.recent_relayed_in, self.recent)]
+        return [*kept[0], *kept[1], *_lines_of(live)]
 
     def snapshot(self) -> Saved:
         """What :meth:`restore` puts back (the state objects are never changed in place by :meth:`take_over`)."""
@@ -142,10 +143,40 @@ class JournalState:
         self.recent, self.recent_relayed_in = OrderedDict(saved[1]), OrderedDict(saved[2])
 
     def lines(self) -> list[bytes]:
-        """The journal lines that rebuild this state: recent outcomes first (relayed-in ones, then the others),
-        then each live delivery."""
+        """The journal lines that rebuild this state: recent outcomes first (relayed-in ones, then the others: of
+        each bin the newest whose lines fit in :data:`KEPT_OUTCOMES_BYTES`), then each live delivery."""
         return [
-            encode_record(record)
-            for key, state in [*self.recent_relayed_in.items(), *self.recent.items(), *self.folded.states.items()]
-            for record in state_records(key, state)
+            *_newest_within(list(self.recent_relayed_in.items())),
+            *_newest_within(list(self.recent.items())),
+            *_lines_of(list(self.folded.states.items())),
         ]
+
+
+def _lines_of(states: list[tuple[str, DeliveryState]]) -> list[bytes]:
+    """Pure: the journal lines that rebuild ``states`` (id, state), in their order."""
+    return [encode_record(record) for key, state in states for record in state_records(key, state)]
+
+
+def _newest_within(kept: list[tuple[str, DeliveryState]], budget: int = KEPT_OUTCOMES_BYTES) -> list[bytes]:
+    """Pure: the lines of the newest of ``kept`` (oldest first) whose lines fit in ``budget`` bytes, oldest first.
+
+    A file written whole carries delivered outcomes only for ``wait_outcome`` after a restart, and a journal file
+    must stay under :data:`~hermes_actors.store.journal_records.MAX_JOURNAL_BYTES` (larger, a start refuses it):
+    outcomes of 4 MiB replies would carry a bin of 10,000 past it. Older ones stay known to this run.
+
+    Args:
+        kept: delivered outcomes (id, settled state), oldest first.
+        budget: the most bytes their lines take.
+
+    Returns:
+        Their lines, the oldest that do not fit left out.
+    """
+    chunks = [[encode_record(record) for record in state_records(key, state)] for key, state in kept]
+    total, first = 0, len(chunks)
+    while first > 0:
+        size = sum(len(line) for line in chunks[first - 1])
+        if total + size > budget:
+            break
+        total += size
+        first -= 1
+    return [line for chunk in chunks[first:] for line in chunk]

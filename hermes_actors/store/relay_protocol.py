@@ -16,6 +16,7 @@ from typing import Any
 
 from hermes_actors.core.hops import MAX_HOP, is_hop
 from hermes_actors.core.ids import new_delivery_id, validate_delivery_id
+from hermes_actors.core.json_depth import MAX_WRITABLE_DEPTH, nests_deeper_than
 from hermes_actors.core.names import HANDLE_RE
 from hermes_actors.core.outcomes import cut_text
 from hermes_actors.errors import ValidationError
@@ -136,6 +137,23 @@ def parse_created_at(value: Any) -> int | float | str:
     return float(value) if isinstance(value, float) else int(value)
 
 
+def envelope_message_problem(message: str) -> str | None:
+    """Pure: the one rule for how long a relayed envelope's message may be, or None when it fits.
+
+    :func:`parse_envelope`'s, and the journal's for a relayed-in DM it holds
+    (:func:`hermes_actors.core.acks.delivery_problem`: its text is the envelope's message).
+
+    Args:
+        message: the envelope's ``message``.
+
+    Returns:
+        ``'message' is too long (N > 32000 chars)``, or None.
+    """
+    if len(message) > MAX_ENVELOPE_MESSAGE_CHARS:
+        return f"'message' is too long ({len(message)} > {MAX_ENVELOPE_MESSAGE_CHARS} chars)"
+    return None
+
+
 def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
     """Validate a decoded envelope.
 
@@ -155,6 +173,9 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
         and so does :func:`is_expired` given ``fallback_created``). Read it
         back with :func:`created_time`.
 
+    An envelope nesting JSON objects and arrays deeper than the relay can write again
+    (``core.json_depth.MAX_WRITABLE_DEPTH``: an extra key 300 levels deep) is malformed too.
+
     Raises:
         ValidationError: naming the first bad field.
     """
@@ -169,12 +190,14 @@ def parse_envelope(data: Any, *, file_id: str | None = None) -> dict[str, Any]:
     message = data.get("message")
     if not isinstance(message, str):
         raise ValidationError(f"envelope field 'message' is not a string: {type(message).__name__}")
-    if len(message) > MAX_ENVELOPE_MESSAGE_CHARS:
-        raise ValidationError(
-            f"envelope field 'message' is too long ({len(message)} > {MAX_ENVELOPE_MESSAGE_CHARS} chars)"
-        )
+    too_long = envelope_message_problem(message)
+    if too_long is not None:
+        raise ValidationError(f"envelope field {too_long}")
     if "hop" in data and not is_hop(data["hop"]):  # a forged or broken hop is never read as some other hop
         raise ValidationError(f"envelope field 'hop' is not an integer from 0 to {MAX_HOP}: {data['hop']!r}")
+    if nests_deeper_than(data, MAX_WRITABLE_DEPTH):  # read fine, but no relay could write it on: resending is useless
+        raise ValidationError(f"envelope nests JSON objects and arrays more than {MAX_WRITABLE_DEPTH} levels deep, "
+                              "deeper than the relay can write it on")
     return {**data, "created_at": created}
 
 

@@ -173,9 +173,27 @@ class TurnLock:
             try:
                 ensure_private_dir(self.path.parent, within=_lock_anchor(self.path))
             except HostileFileError as exc:  # an OSError for the callers: the DM fails, nothing is followed
-                raise OSError(errno.EPERM, f"{self.what} directory is refused: {exc}") from exc
+                if not self._put_back_directory():
+                    raise OSError(errno.EPERM, f"{self.what} directory is refused: {exc}") from exc
             self._fd = self._open_file()
         return self._fd
+
+    def _put_back_directory(self) -> bool:
+        """Put back the relay directory of the lock (``locks/``) swapped for a symlink or a file, as the rescan does.
+
+        A turn that meets it before the rescan would fail its acked DM (``runtime_offline``, "NOT delivered")
+        though nothing is lost by moving the entry aside: no process of ours holds a lock through it. The
+        relay's own rule (:func:`hermes_actors.relay.strays.put_back_swapped`): never another user's directory,
+        nor below a ``bot_relay/`` that is itself swapped.
+
+        Returns:
+            Whether a real directory of ours is there now.
+        """
+        from hermes_actors.relay.strays import put_back_swapped  # the relay's layout rules (a lazy import: no cycle)
+        from hermes_actors.store.relay_inbox import InboxPaths
+
+        anchor = _lock_anchor(self.path)
+        return anchor is not None and put_back_swapped(InboxPaths.from_root(anchor), self.path.parent)
 
     def _open_file(self) -> int:
         """Open (create) the lock file; anything but a regular file of ours there is moved aside first.
