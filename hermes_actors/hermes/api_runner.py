@@ -271,6 +271,12 @@ class ApiRunner:
         with self._lock:
             return list(self._in_flight.values())
 
+    def turns_in_hermes(self) -> dict[str, str]:
+        """profile → the delivery whose turn hermes is still running for us (its request is open): the bot's next
+        turns are refused ``target_busy`` until it answers (:meth:`run_turn`)."""
+        with self._lock:
+            return dict(self._in_flight)
+
     def prepare_retry(self, turn: Turn, began: float) -> bool:
         """Before the policy retry: take back the DM the gateway stored when the first attempt failed.
 
