@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1223,6 +1225,21 @@ def test_enable_gateway_beside_a_running_gateway_names_the_replace_form(
     assert "start the gateway:" not in out
 
 
+@contextlib.contextmanager
+def _gateway_started_after_the_configs(root: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A stand-in hermes gateway (named by hermes 0.19's ``gateway.pid``) started after every ``config.yaml`` of the
+    root was last written (their mtimes set an hour back): it read them all. Killed on the way out."""
+    an_hour_ago = time.time() - 3600
+    for config in [root / "config.yaml", *(root / "profiles").glob("*/config.yaml")]:
+        os.utime(config, (an_hour_ago, an_hour_ago))
+    with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE) as gateway:
+        try:
+            (root / "gateway.pid").write_text(json.dumps({"pid": gateway.pid}), encoding="utf-8")
+            yield gateway
+        finally:
+            gateway.kill()
+
+
 def test_enable_gateway_again_beside_a_running_gateway_says_no_restart(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1235,37 +1252,57 @@ def test_enable_gateway_again_beside_a_running_gateway_says_no_restart(
     pid_file.write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")
     assert main(["enable", "--root", str(root), "--gateway"]) == 0
     assert "  to do: restart the hermes gateway that runs" in capsys.readouterr().out
-    configs = [root / "config.yaml", *(root / "profiles").glob("*/config.yaml")]
     an_hour_ago = time.time() - 3600
-    for config in configs:  # written well before the gateway below started
-        os.utime(config, (an_hour_ago, an_hour_ago))
-    with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE) as gateway:
-        try:
-            pid_file.write_text(json.dumps({"pid": gateway.pid}), encoding="utf-8")  # restarted since: it read them
-            assert main(["enable", "--root", str(root), "--gateway"]) == 0
-            out = capsys.readouterr().out
-            assert "  nothing to change\n" in out, out
-            assert "restart the hermes gateway" not in out and "--replace" not in out, out
-            profile = root / "profiles" / "alice" / "profile.yaml"  # read by the host at its rescan: still no restart
-            profile.write_text(yaml.safe_dump({k: v for k, v in yaml.safe_load(profile.read_text()).items()
-                                               if k != "ui_meta"}), encoding="utf-8")
-            assert main(["enable", "--root", str(root), "--gateway"]) == 0
-            out = capsys.readouterr().out
-            assert f"  changed: {profile}: ui_meta.hermes-bots = {{}}" in out, out
-            assert "restart the hermes gateway" not in out, out
-            os.utime(configs[0])  # config.yaml written after the gateway started (by hand): it runs the old one
-            assert main(["enable", "--root", str(root), "--gateway"]) == 0
-            out = capsys.readouterr().out
-            assert "  nothing to change\n" in out, out
-            assert f"  to do: restart the hermes gateway that runs (pid {gateway.pid}; " in out, out
-            config = yaml.safe_load((root / "config.yaml").read_text())
-            config["platforms"]["api_server"]["enabled"] = False  # config.yaml changed: the gateway must restart
-            (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-            os.utime(root / "config.yaml", (an_hour_ago, an_hour_ago))  # this run's write alone says so
-            assert main(["enable", "--root", str(root), "--gateway"]) == 0
-            assert f"  to do: restart the hermes gateway that runs (pid {gateway.pid}; " in capsys.readouterr().out
-        finally:
-            gateway.kill()
+    with _gateway_started_after_the_configs(root) as gateway:  # restarted since: it read them
+        assert main(["enable", "--root", str(root), "--gateway"]) == 0
+        out = capsys.readouterr().out
+        assert "  nothing to change\n" in out, out
+        assert "restart the hermes gateway" not in out and "--replace" not in out, out
+        profile = root / "profiles" / "alice" / "profile.yaml"  # read by the host at its rescan: still no restart
+        profile.write_text(yaml.safe_dump({k: v for k, v in yaml.safe_load(profile.read_text()).items()
+                                           if k != "ui_meta"}), encoding="utf-8")
+        assert main(["enable", "--root", str(root), "--gateway"]) == 0
+        out = capsys.readouterr().out
+        assert f"  changed: {profile}: ui_meta.hermes-bots = {{}}" in out, out
+        assert "restart the hermes gateway" not in out, out
+        os.utime(root / "config.yaml")  # config.yaml written after the gateway started (by hand): it runs the old one
+        assert main(["enable", "--root", str(root), "--gateway"]) == 0
+        out = capsys.readouterr().out
+        assert "  nothing to change\n" in out, out
+        assert f"  to do: restart the hermes gateway that runs (pid {gateway.pid}; " in out, out
+        config = yaml.safe_load((root / "config.yaml").read_text())
+        config["platforms"]["api_server"]["enabled"] = False  # config.yaml changed: the gateway must restart
+        (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        os.utime(root / "config.yaml", (an_hour_ago, an_hour_ago))  # this run's write alone says so
+        assert main(["enable", "--root", str(root), "--gateway"]) == 0
+        assert f"  to do: restart the hermes gateway that runs (pid {gateway.pid}; " in capsys.readouterr().out
+
+
+def test_enable_gateway_asks_no_restart_for_a_profiles_own_config_yaml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (journey review): `enable --gateway` said `nothing to change`, then to restart the running hermes
+    gateway, because a profile's config.yaml (its model, set by hand) was newer than the gateway's start. hermes reads
+    a profile's own config.yaml per turn (and, multiplexing, loads the root's plugins for every profile): only the
+    root's config.yaml, read at the gateway's start, calls for a restart, which ends a warm turn `ambiguous`."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    capsys.readouterr()
+    with _gateway_started_after_the_configs(root):
+        carol = root / "profiles" / "carol" / "config.yaml"
+        config = yaml.safe_load(carol.read_text(encoding="utf-8")) or {}
+        carol.write_text(yaml.safe_dump({**config, "model": {"provider": "custom", "default": "m2"}}), encoding="utf-8")
+        assert main(["enable", "--root", str(root), "--gateway"]) == 0
+        out = capsys.readouterr().out
+        assert "  nothing to change\n" in out, out
+        assert "restart the hermes gateway" not in out and "--replace" not in out, out
+        alice = root / "profiles" / "alice" / "config.yaml"  # enable writes a profile's plugins.enabled: no restart
+        config = yaml.safe_load(alice.read_text(encoding="utf-8"))
+        alice.write_text(yaml.safe_dump({**config, "plugins": {"enabled": []}}), encoding="utf-8")
+        assert main(["enable", "--root", str(root), "--gateway"]) == 0
+        out = capsys.readouterr().out
+        assert f"  changed: {alice}: " in out, out
+        assert "restart the hermes gateway" not in out and "--replace" not in out, out
 
 
 @pytest.mark.parametrize(("current", "written", "ours"), [

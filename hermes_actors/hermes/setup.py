@@ -213,11 +213,12 @@ def enable(
         else:
             if created:
                 report.changed.append(f"{home / 'state.db'}: created the 'Bot Chat' session {session}")
-    # what a running hermes gateway read at its start: the root's config.yaml, and the profiles' own. Changed by
-    # this run, or by an earlier one (or by hand) since that gateway started: a restart is due either way
-    configs = [root / "config.yaml", *(home / "config.yaml" for _, home in homes)]
-    config_changed = (any(path.name == "config.yaml" for path in editor.files_written)
-                      or written_since_start(configs, gateway_pid(root)))
+    # what enable writes that a running hermes gateway reads only at its start: the root's config.yaml (its
+    # platforms, and the plugins it loads for every profile it multiplexes). Changed by this run, or by an earlier
+    # one (or by hand) since that gateway started: a restart is due either way. A profile's own config.yaml (its
+    # plugins.enabled, its model) is read per turn: no restart for it, which would end a warm turn `ambiguous`
+    config = root / "config.yaml"
+    config_changed = config in editor.files_written or written_since_start([config], gateway_pid(root))
     _add_todo(root, report, gateway=gateway, env=env, cli=hermes_cli, config_changed=config_changed)
     return report
 
@@ -389,7 +390,7 @@ def written_since_start(configs: Iterable[Path], running: int | None) -> bool:
     advice was not followed yet, or an edit by hand).
 
     Args:
-        configs: the ``config.yaml`` files the gateway reads at its start.
+        configs: the files the gateway reads only at its start (the root's ``config.yaml``).
         running: its pid (None: no gateway runs).
 
     Returns:
@@ -415,14 +416,14 @@ def gateway_todo(root: Path, running: int | None, *, config_changed: bool = True
 
     A gateway already running read its ``config.yaml`` at its start, and a second plain ``hermes gateway run``
     exits at once ("Another gateway instance is already running"): it is restarted with ``--replace``, but only
-    when this run changed a ``config.yaml``: restarting it for nothing would end a warm turn in progress
-    (``ambiguous``).
+    when the root's ``config.yaml`` changed (this run, or since that gateway started): restarting it for nothing
+    would end a warm turn in progress (``ambiguous``).
 
     Args:
         root: the Hermes root (the gateway's ``HERMES_HOME``).
         running: the pid of the root's running hermes gateway (``gateway.pid``), or None.
-        config_changed: a ``config.yaml`` (the root's or a profile's) was written by this run, or since the
-            gateway started.
+        config_changed: the root's ``config.yaml`` (what the gateway reads at its start; a profile's own is
+            read per turn) was written by this run, or since the gateway started.
 
     Returns:
         The line, with the command to run as printed; None when the running gateway has nothing new to read.
