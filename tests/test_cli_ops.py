@@ -394,6 +394,40 @@ def test_doctor_warns_of_bot_peers_a_hermes_without_a_peer_command_cannot_reach(
     assert {c.name: c for c in run_doctor(bare, cli=cli)}["bot_peers"].level == OK
 
 
+def test_doctor_names_enable_gateway_in_the_hosting_fix_only_until_it_was_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (journey review): with no host running, doctor's fix said `(or: HERMES_HOME=… hermes gateway run,
+    after hermes-actors enable --root … --gateway)` also once `enable --gateway` was done; it names that step only
+    while the root's config.yaml does not ask its hermes gateway to host the actors yet."""
+    root = make_root(tmp_path, managed=False)
+    cli = str(write_fake_cli(tmp_path, FAKE_HERMES))
+    assert main(["enable", "--root", str(root)]) == 0
+
+    def daemon_fix() -> str:
+        return {c.name: c for c in run_doctor(root, cli=cli, ping=lambda r: None)}["daemon running"].fix
+
+    assert daemon_fix() == (f"hermes-actors serve --root {root}   (or: HERMES_HOME={root} hermes gateway run, after "
+                            f"hermes-actors enable --root {root} --gateway)")
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    assert daemon_fix() == f"hermes-actors serve --root {root}   (or: HERMES_HOME={root} hermes gateway run)"
+
+
+@pytest.mark.parametrize(("config", "hosts"), [
+    ({}, False),
+    ({"platforms": {"hermes_actors": {"enabled": True, "extra": {"host_actors": True}}}}, True),
+    ({"gateway": {"platforms": {"hermes_actors": {"enabled": "yes", "extra": {"host_actors": True}}}}}, True),
+    ({"platforms": {"hermes_actors": {"enabled": False, "extra": {"host_actors": True}}}}, False),  # switched off
+    ({"platforms": {"hermes_actors": {"enabled": True}}}, False),  # no marker: hermes never starts it
+    ({"platforms": {"hermes_actors": {"enabled": True, "extra": {"host_actors": "yes"}}}}, False),
+    ({"platforms": {"hermes_actors": None}}, False),  # no block to hermes
+], ids=["none", "top", "nested", "off", "no-marker", "marker-not-true", "null"])
+def test_gateway_hosts_actors(config: dict[str, Any], hosts: bool) -> None:
+    from hermes_actors.hermes.setup import gateway_hosts_actors
+
+    assert gateway_hosts_actors(config) is hosts
+
+
 def test_doctor_names_a_relay_directory_other_users_may_write_in(tmp_path: Path) -> None:
     """Regression (hostile review): with replies/ and outbox/ chmod 0777, ``doctor`` said all was ok. It warns
     now, naming each directory and its mode, with the chmod that fixes it; it changes nothing itself."""

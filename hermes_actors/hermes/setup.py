@@ -67,7 +67,8 @@ from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, exis
 from hermes_actors.store.processes import process_started_at
 
 __all__ = [
-    "PLUGIN_NAME", "api_server_port", "connect_order", "disable", "enable", "gateway_todo", "platform_block_keys",
+    "PLUGIN_NAME", "api_server_port", "connect_order", "disable", "enable", "gateway_hosts_actors", "gateway_todo",
+    "platform_block_keys",
 ]
 
 PLUGIN_NAME = "hermes-actors"
@@ -297,6 +298,24 @@ def platform_block_keys(config: Mapping[str, Any], name: str, beside: str) -> li
             return [*keys, name]
     holders = [keys for keys, found in maps if isinstance(found.get(beside), dict)]
     return [*(_NESTED if holders == [_NESTED] else _TOP), name]
+
+
+def gateway_hosts_actors(config: Mapping[str, Any]) -> bool:
+    """Pure: whether a root's ``config.yaml`` asks its hermes gateway to host the actors, as ``enable --gateway``
+    writes it: the ``hermes_actors`` platform block (where :func:`platform_block_keys` finds it) switched on, with
+    ``extra.host_actors: true`` (:func:`hermes_actors.hermes.plugin.hosting_configured`'s marker).
+
+    Args:
+        config: the root's ``config.yaml`` mapping.
+
+    Returns:
+        True when it does.
+    """
+    block = value_at(dict(config), platform_block_keys(config, PLATFORM_NAME, _API))
+    if not isinstance(block, dict):
+        return False
+    extra = block.get("extra")
+    return hermes_true(block.get("enabled")) and isinstance(extra, dict) and extra.get(HOST_KEY) is True
 
 
 def connect_order(config: Mapping[str, Any]) -> list[str]:
