@@ -1120,6 +1120,27 @@ def test_disable_while_a_host_serves_the_root_says_to_stop_it(
     assert "stop the host" not in capsys.readouterr().out  # no host: no such line
 
 
+def test_disable_while_the_hermes_gateway_hosts_the_actors_says_one_thing_to_do_with_it(
+    tmp_path: Path, gateways: list[Gateway], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (journey review): with the hermes gateway hosting the actors, `disable` said both `stop the host
+    that still serves … (pid …)` and `restart the hermes gateway if one runs, so it stops hosting the actors: …
+    --replace`, two instructions for one process. It says one: restart that gateway (it goes on serving the rest)."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    start_gateway(gateways, root, serve_submit=True)  # holds submit.lock, as the hosting gateway does
+    (root / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")  # and it is that gateway
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    todo = [line for line in out.splitlines() if line.startswith("  to do: ")]
+    assert todo[0] == (f"  to do: restart the hermes gateway that hosts the actors of {root} (pid {os.getpid()}), so "
+                       "it stops hosting them (until then it refuses every DM (\"This install is not "
+                       f"Bot-Mode-managed\")): HERMES_HOME={root} hermes gateway run --replace"), out
+    assert sum("hermes gateway run --replace" in line for line in todo) == 1, out
+    assert "stop the host" not in out, out
+
+
 def test_disable_names_what_it_leaves_for_the_user_to_remove(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1142,6 +1163,31 @@ def test_disable_names_what_it_leaves_for_the_user_to_remove(
     assert f"  to do: {root / 'bot_relay'} was kept (the journal, relay directories, turn locks, quarantine): " \
            "remove it if you want, once no host runs" in out, out
     assert f"{created} is now" not in out  # said once, by the disable that emptied it
+
+
+def test_disable_names_the_config_yamls_enable_created_its_copies_and_the_api_key_left_to_the_user(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (journey review): after `disable`, a profile's config.yaml that enable created was left as `{}`
+    unmentioned (only profile.yaml files were named), and so were the `config.yaml.before-hermes-actors` copy and the
+    API_SERVER_KEY in the root's .env, with which hermes still starts its API server once the gateway restarts:
+    docs/hermes.md says the "to do" lines name what uninstall step 3 leaves to the user."""
+    root = make_root(tmp_path, managed=False, config={"model": {"default": "m", "provider": "custom"}})
+    config = root / "config.yaml"
+    config.write_text("# my settings\n" + config.read_text(encoding="utf-8"), encoding="utf-8")  # enable keeps a copy
+    (root / ".env").write_text("API_SERVER_KEY=" + "k" * 32 + "\n", encoding="utf-8")
+    (root / ".env").chmod(0o600)
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    created = root / "profiles" / "alice" / "config.yaml"  # enable created it for plugins.enabled
+    assert f"  to do: {created} is now {{}} (enable created it): remove it if you want\n" in out, out
+    assert f"  to do: {config}.before-hermes-actors was kept (the copy enable made of {config} before rewriting it " \
+           "without its comments): take back what you want from it, then remove it\n" in out, out
+    assert f"  to do: API_SERVER_KEY is still set in {root / '.env'}: the hermes gateway still starts its API server " \
+           "(127.0.0.1:8642) with it at its next start; remove it if you set it for warm turns only\n" in out, out
+    assert f"{config} is now" not in out  # it holds the user's model
 
 
 def test_disable_of_every_profile_that_undoes_the_whole_record_names_bot_relay(
