@@ -17,12 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import make_root
+from roots import make_root, send_dm
 
+from actors.testkit import await_condition
 from hermes_actors import Gateway, TurnFailed
+from hermes_actors.cli.render import status_text
 from hermes_actors.hermes.api_client import ApiServer
 from hermes_actors.hermes.api_runner import ApiRunner
 from hermes_actors.messages import Turn
+from hermes_actors.ops.status import live_status
 
 
 class FakeApi:
@@ -154,6 +157,33 @@ def test_through_the_gateway_a_dropped_chat_is_ambiguous_and_posted_once(
     assert (out["status"], out["retryable"]) == ("ambiguous", False)
     assert "do not resend" in out["error"]
     assert len(dropping_api.chats) == 1  # no automatic retry posted it again
+
+
+def test_status_shows_a_bot_busy_while_hermes_still_runs_its_timed_out_warm_turn(
+    tmp_path: Path, hanging_api: FakeApi, gateways: list[Gateway]
+) -> None:
+    """Regression (journey review): while hermes still ran a warm turn reported `delivery_timeout`, `status` showed
+    the bot `idle` (its state came from the DMs in flight only), yet every DM to it was refused `target_busy`. It is
+    `busy` now, from the state that refusal is decided by, until hermes ends that turn."""
+    runner = ApiRunner(ApiServer("127.0.0.1", hanging_api.port, "k" * 16), timeout=60)
+    gw = Gateway(make_root(tmp_path), runner=runner,
+                 config={"bot_mode": {"wake_sender": False, "turn_timeout_seconds": 0.5}})
+    gateways.append(gw)
+    gw.start()
+    assert gw.wait_outcome(send_dm(gw, "HANG warm"), timeout=30)["reason"] == "delivery_timeout"
+    assert gw.wait_outcome(send_dm(gw, "next"), timeout=30)["reason"] == "target_busy"  # hermes still runs the first
+
+    def bob() -> dict[str, Any]:
+        [row] = [p for p in live_status(gw)["profiles"] if p["profile"] == "bob"]
+        return row
+
+    assert (bob()["state"], bob()["queued"]) == ("busy", 0)
+    assert "  @bob              busy (a turn given up on still runs in the hermes gateway: DMs to it fail " \
+           "target_busy)\n" in status_text(live_status(gw))
+    assert {p["profile"]: p["state"] for p in live_status(gw)["profiles"]}["alice"] == "idle"  # only bob's turn runs
+    hanging_api.release.set()  # hermes ends the turn (its connection closes unanswered)
+    await_condition(lambda: bob()["state"] == "idle", timeout=30, interval=0.05,
+                    message="bob idle once hermes ended the timed-out turn")
 
 
 def test_an_unreachable_server_is_retried_once_and_fails_runtime_offline(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -461,6 +463,40 @@ def test_doctor_warns_of_bot_peers_a_hermes_without_a_peer_command_cannot_reach(
     assert "Redis" in peers.fix and "hermes release with Bot Mode" in peers.fix
     bare = _enabled_root(tmp_path / "other")  # no bot_peers: nothing to ask the CLI
     assert {c.name: c for c in run_doctor(bare, cli=cli)}["bot_peers"].level == OK
+
+
+def test_doctor_names_enable_gateway_in_the_hosting_fix_only_until_it_was_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (journey review): with no host running, doctor's fix said `(or: HERMES_HOME=… hermes gateway run,
+    after hermes-actors enable --root … --gateway)` also once `enable --gateway` was done; it names that step only
+    while the root's config.yaml does not ask its hermes gateway to host the actors yet."""
+    root = make_root(tmp_path, managed=False)
+    cli = str(write_fake_cli(tmp_path, FAKE_HERMES))
+    assert main(["enable", "--root", str(root)]) == 0
+
+    def daemon_fix() -> str:
+        return {c.name: c for c in run_doctor(root, cli=cli, ping=lambda r: None)}["daemon running"].fix
+
+    assert daemon_fix() == (f"hermes-actors serve --root {root}   (or: HERMES_HOME={root} hermes gateway run, after "
+                            f"hermes-actors enable --root {root} --gateway)")
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    assert daemon_fix() == f"hermes-actors serve --root {root}   (or: HERMES_HOME={root} hermes gateway run)"
+
+
+@pytest.mark.parametrize(("config", "hosts"), [
+    ({}, False),
+    ({"platforms": {"hermes_actors": {"enabled": True, "extra": {"host_actors": True}}}}, True),
+    ({"gateway": {"platforms": {"hermes_actors": {"enabled": "yes", "extra": {"host_actors": True}}}}}, True),
+    ({"platforms": {"hermes_actors": {"enabled": False, "extra": {"host_actors": True}}}}, False),  # switched off
+    ({"platforms": {"hermes_actors": {"enabled": True}}}, False),  # no marker: hermes never starts it
+    ({"platforms": {"hermes_actors": {"enabled": True, "extra": {"host_actors": "yes"}}}}, False),
+    ({"platforms": {"hermes_actors": None}}, False),  # no block to hermes
+], ids=["none", "top", "nested", "off", "no-marker", "marker-not-true", "null"])
+def test_gateway_hosts_actors(config: dict[str, Any], hosts: bool) -> None:
+    from hermes_actors.hermes.setup import gateway_hosts_actors
+
+    assert gateway_hosts_actors(config) is hosts
 
 
 def test_doctor_names_a_relay_directory_other_users_may_write_in(tmp_path: Path) -> None:
@@ -1157,6 +1193,27 @@ def test_disable_while_a_host_serves_the_root_says_to_stop_it(
     assert "stop the host" not in capsys.readouterr().out  # no host: no such line
 
 
+def test_disable_while_the_hermes_gateway_hosts_the_actors_says_one_thing_to_do_with_it(
+    tmp_path: Path, gateways: list[Gateway], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (journey review): with the hermes gateway hosting the actors, `disable` said both `stop the host
+    that still serves … (pid …)` and `restart the hermes gateway if one runs, so it stops hosting the actors: …
+    --replace`, two instructions for one process. It says one: restart that gateway (it goes on serving the rest)."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    start_gateway(gateways, root, serve_submit=True)  # holds submit.lock, as the hosting gateway does
+    (root / "gateway.pid").write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")  # and it is that gateway
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    todo = [line for line in out.splitlines() if line.startswith("  to do: ")]
+    assert todo[0] == (f"  to do: restart the hermes gateway that hosts the actors of {root} (pid {os.getpid()}), so "
+                       "it stops hosting them (until then it refuses every DM (\"This install is not "
+                       f"Bot-Mode-managed\")): HERMES_HOME={root} hermes gateway run --replace"), out
+    assert sum("hermes gateway run --replace" in line for line in todo) == 1, out
+    assert "stop the host" not in out, out
+
+
 def test_disable_names_what_it_leaves_for_the_user_to_remove(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1179,6 +1236,31 @@ def test_disable_names_what_it_leaves_for_the_user_to_remove(
     assert f"  to do: {root / 'bot_relay'} was kept (the journal, relay directories, turn locks, quarantine): " \
            "remove it if you want, once no host runs" in out, out
     assert f"{created} is now" not in out  # said once, by the disable that emptied it
+
+
+def test_disable_names_the_config_yamls_enable_created_its_copies_and_the_api_key_left_to_the_user(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (journey review): after `disable`, a profile's config.yaml that enable created was left as `{}`
+    unmentioned (only profile.yaml files were named), and so were the `config.yaml.before-hermes-actors` copy and the
+    API_SERVER_KEY in the root's .env, with which hermes still starts its API server once the gateway restarts:
+    docs/hermes.md says the "to do" lines name what uninstall step 3 leaves to the user."""
+    root = make_root(tmp_path, managed=False, config={"model": {"default": "m", "provider": "custom"}})
+    config = root / "config.yaml"
+    config.write_text("# my settings\n" + config.read_text(encoding="utf-8"), encoding="utf-8")  # enable keeps a copy
+    (root / ".env").write_text("API_SERVER_KEY=" + "k" * 32 + "\n", encoding="utf-8")
+    (root / ".env").chmod(0o600)
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    created = root / "profiles" / "alice" / "config.yaml"  # enable created it for plugins.enabled
+    assert f"  to do: {created} is now {{}} (enable created it): remove it if you want\n" in out, out
+    assert f"  to do: {config}.before-hermes-actors was kept (the copy enable made of {config} before rewriting it " \
+           "without its comments): take back what you want from it, then remove it\n" in out, out
+    assert f"  to do: API_SERVER_KEY is still set in {root / '.env'}: the hermes gateway still starts its API server " \
+           "(127.0.0.1:8642) with it at its next start; remove it if you set it for warm turns only\n" in out, out
+    assert f"{config} is now" not in out  # it holds the user's model
 
 
 def test_disable_of_every_profile_that_undoes_the_whole_record_names_bot_relay(
@@ -1296,6 +1378,21 @@ def test_enable_gateway_beside_a_running_gateway_names_the_replace_form(
     assert "start the gateway:" not in out
 
 
+@contextlib.contextmanager
+def _gateway_started_after_the_configs(root: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A stand-in hermes gateway (named by hermes 0.19's ``gateway.pid``) started after every ``config.yaml`` of the
+    root was last written (their mtimes set an hour back): it read them all. Killed on the way out."""
+    an_hour_ago = time.time() - 3600
+    for config in [root / "config.yaml", *(root / "profiles").glob("*/config.yaml")]:
+        os.utime(config, (an_hour_ago, an_hour_ago))
+    with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE) as gateway:
+        try:
+            (root / "gateway.pid").write_text(json.dumps({"pid": gateway.pid}), encoding="utf-8")
+            yield gateway
+        finally:
+            gateway.kill()
+
+
 def test_enable_gateway_again_beside_a_running_gateway_says_no_restart(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1308,37 +1405,57 @@ def test_enable_gateway_again_beside_a_running_gateway_says_no_restart(
     pid_file.write_text(json.dumps({"pid": os.getpid()}), encoding="utf-8")
     assert main(["enable", "--root", str(root), "--gateway"]) == 0
     assert "  to do: restart the hermes gateway that runs" in capsys.readouterr().out
-    configs = [root / "config.yaml", *(root / "profiles").glob("*/config.yaml")]
     an_hour_ago = time.time() - 3600
-    for config in configs:  # written well before the gateway below started
-        os.utime(config, (an_hour_ago, an_hour_ago))
-    with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE) as gateway:
-        try:
-            pid_file.write_text(json.dumps({"pid": gateway.pid}), encoding="utf-8")  # restarted since: it read them
-            assert main(["enable", "--root", str(root), "--gateway"]) == 0
-            out = capsys.readouterr().out
-            assert "  nothing to change\n" in out, out
-            assert "restart the hermes gateway" not in out and "--replace" not in out, out
-            profile = root / "profiles" / "alice" / "profile.yaml"  # read by the host at its rescan: still no restart
-            profile.write_text(yaml.safe_dump({k: v for k, v in yaml.safe_load(profile.read_text()).items()
-                                               if k != "ui_meta"}), encoding="utf-8")
-            assert main(["enable", "--root", str(root), "--gateway"]) == 0
-            out = capsys.readouterr().out
-            assert f"  changed: {profile}: ui_meta.hermes-bots = {{}}" in out, out
-            assert "restart the hermes gateway" not in out, out
-            os.utime(configs[0])  # config.yaml written after the gateway started (by hand): it runs the old one
-            assert main(["enable", "--root", str(root), "--gateway"]) == 0
-            out = capsys.readouterr().out
-            assert "  nothing to change\n" in out, out
-            assert f"  to do: restart the hermes gateway that runs (pid {gateway.pid}; " in out, out
-            config = yaml.safe_load((root / "config.yaml").read_text())
-            config["platforms"]["api_server"]["enabled"] = False  # config.yaml changed: the gateway must restart
-            (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-            os.utime(root / "config.yaml", (an_hour_ago, an_hour_ago))  # this run's write alone says so
-            assert main(["enable", "--root", str(root), "--gateway"]) == 0
-            assert f"  to do: restart the hermes gateway that runs (pid {gateway.pid}; " in capsys.readouterr().out
-        finally:
-            gateway.kill()
+    with _gateway_started_after_the_configs(root) as gateway:  # restarted since: it read them
+        assert main(["enable", "--root", str(root), "--gateway"]) == 0
+        out = capsys.readouterr().out
+        assert "  nothing to change\n" in out, out
+        assert "restart the hermes gateway" not in out and "--replace" not in out, out
+        profile = root / "profiles" / "alice" / "profile.yaml"  # read by the host at its rescan: still no restart
+        profile.write_text(yaml.safe_dump({k: v for k, v in yaml.safe_load(profile.read_text()).items()
+                                           if k != "ui_meta"}), encoding="utf-8")
+        assert main(["enable", "--root", str(root), "--gateway"]) == 0
+        out = capsys.readouterr().out
+        assert f"  changed: {profile}: ui_meta.hermes-bots = {{}}" in out, out
+        assert "restart the hermes gateway" not in out, out
+        os.utime(root / "config.yaml")  # config.yaml written after the gateway started (by hand): it runs the old one
+        assert main(["enable", "--root", str(root), "--gateway"]) == 0
+        out = capsys.readouterr().out
+        assert "  nothing to change\n" in out, out
+        assert f"  to do: restart the hermes gateway that runs (pid {gateway.pid}; " in out, out
+        config = yaml.safe_load((root / "config.yaml").read_text())
+        config["platforms"]["api_server"]["enabled"] = False  # config.yaml changed: the gateway must restart
+        (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        os.utime(root / "config.yaml", (an_hour_ago, an_hour_ago))  # this run's write alone says so
+        assert main(["enable", "--root", str(root), "--gateway"]) == 0
+        assert f"  to do: restart the hermes gateway that runs (pid {gateway.pid}; " in capsys.readouterr().out
+
+
+def test_enable_gateway_asks_no_restart_for_a_profiles_own_config_yaml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (journey review): `enable --gateway` said `nothing to change`, then to restart the running hermes
+    gateway, because a profile's config.yaml (its model, set by hand) was newer than the gateway's start. hermes reads
+    a profile's own config.yaml per turn (and, multiplexing, loads the root's plugins for every profile): only the
+    root's config.yaml, read at the gateway's start, calls for a restart, which ends a warm turn `ambiguous`."""
+    root = make_root(tmp_path, managed=False)
+    assert main(["enable", "--root", str(root), "--gateway"]) == 0
+    capsys.readouterr()
+    with _gateway_started_after_the_configs(root):
+        carol = root / "profiles" / "carol" / "config.yaml"
+        config = yaml.safe_load(carol.read_text(encoding="utf-8")) or {}
+        carol.write_text(yaml.safe_dump({**config, "model": {"provider": "custom", "default": "m2"}}), encoding="utf-8")
+        assert main(["enable", "--root", str(root), "--gateway"]) == 0
+        out = capsys.readouterr().out
+        assert "  nothing to change\n" in out, out
+        assert "restart the hermes gateway" not in out and "--replace" not in out, out
+        alice = root / "profiles" / "alice" / "config.yaml"  # enable writes a profile's plugins.enabled: no restart
+        config = yaml.safe_load(alice.read_text(encoding="utf-8"))
+        alice.write_text(yaml.safe_dump({**config, "plugins": {"enabled": []}}), encoding="utf-8")
+        assert main(["enable", "--root", str(root), "--gateway"]) == 0
+        out = capsys.readouterr().out
+        assert f"  changed: {alice}: " in out, out
+        assert "restart the hermes gateway" not in out and "--replace" not in out, out
 
 
 @pytest.mark.parametrize(("current", "written", "ours"), [

@@ -161,8 +161,14 @@ def test_a_warm_turn_reported_timed_out_keeps_the_bot_busy_until_hermes_answers_
     offline_root: OfflineRoot, fake_model: FakeModel, hermes_gateway: HermesGateway, hermes_cli: str
 ) -> None:
     """Regression: the turn timeout reported the DM and the bot's next DM ran beside it in the same Bot Chat
-    (hermes went on running the first: the model saw two requests of bob at once, and both DMs merged)."""
+    (hermes went on running the first: the model saw two requests of bob at once, and both DMs merged).
+    Journey review: meanwhile `status` showed bob `idle`; it shows him `busy` now. And the late answer stays in
+    bob's Bot Chat, never passed on: the first DM's outcome stays `delivery_timeout`, as its text says."""
     from hermes_actors import Gateway
+    from hermes_actors.ops.status import live_status
+
+    def bob_state(gw: Gateway) -> str:
+        return {p["profile"]: p["state"] for p in live_status(gw)["profiles"]}["bob"]
 
     hold = fake_model.hold(lambda call: call.profile == "bob" and call.user_text.endswith("slow one"))
     runner, _ = warm_runner(offline_root, hermes_gateway, hermes_cli)
@@ -174,17 +180,23 @@ def test_a_warm_turn_reported_timed_out_keeps_the_bot_busy_until_hermes_answers_
         hold.wait_entered(120)
         timed_out = gw.wait_outcome(first, timeout=60)
         assert timed_out["reason"] == "delivery_timeout"
-        assert "it may still complete" in timed_out["error"], timed_out  # hermes goes on with it: not "stopped"
+        # hermes goes on with it (not "stopped"), and what it answers then is not passed on
+        assert "it may still complete, but a later answer is not passed on" in timed_out["error"], timed_out
         second = gw.wait_outcome(gw.message_agent(sender="default", target="bob", message="second")["delivery_id"],
                                  timeout=60)
         assert (second["status"], second["reason"]) == ("failed", "target_busy"), second
         assert "still running an earlier turn in the hermes gateway" in second["error"]
+        assert bob_state(gw) == "busy"
         hold.release()
         fake_model.wait_for(lambda call: call.profile == "bob" and call.user_text.endswith("slow one"),
                             timeout=60, answered=True)
         # once hermes answered the first, our chat request closes and the bot serves again
         await_condition(lambda: runner.warm.in_flight("bob") is None, timeout=60,
                         message="hermes' answer to the timed-out turn reached our open request")
+        assert bob_state(gw) == "idle"
+        assert gw.wait_outcome(first, timeout=5) == timed_out  # the late answer replaced nothing
+        [*_, (asked_role, asked), (answer_role, _answer)] = bot_chat_messages(offline_root.home("bob"))
+        assert (asked_role, answer_role) == ("user", "assistant") and asked.endswith("slow one")  # stored there
         third = gw.wait_outcome(gw.message_agent(sender="default", target="bob", message="third")["delivery_id"],
                                 timeout=60)
     assert third["status"] == "replied", third

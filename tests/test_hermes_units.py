@@ -143,6 +143,44 @@ def test_failure_mapping(stdout: str, stderr: str, reason: str, fragment: str) -
     assert "Resumed session" not in failure.text
 
 
+# hermes-agent 0.19's CLI on a profile with no model: its setup wizard, whose commands lack `-p NAME`
+_WIZARD = """It looks like Hermes isn't configured yet -- no API keys or providers found.
+  Run:  hermes setup
+  Configure Hermes using environment variables or config commands:
+    hermes config set model.provider custom
+    hermes config set model.default your-model-name
+"""
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    ("{}\n", "@carol has no model: {home}/config.yaml names none, so hermes cannot run its turns (set model.default "
+              "and its provider there) — hermes exited with status 1: It looks like Hermes isn't configured yet -- "
+              "no API keys or providers found."),
+    # a profile that names a model: hermes' own words stand (no guess at what else is missing)
+    ("model: {provider: custom, default: m}\n", "hermes exited with status 1: It looks like Hermes isn't configured"),
+], ids=["no-model", "a-model"])
+def test_a_cli_turn_of_a_bot_without_a_model_names_its_config_yaml_as_a_warm_turn_does(
+    tmp_path: Path, config: str, says: str
+) -> None:
+    """Regression (journey review): a CLI turn of a bot with no model failed `missing_config` with hermes' setup
+    wizard, `hermes config set model.provider custom …` without `-p carol`: run as printed, it edits the root
+    profile. The warm path names the bot's own config.yaml (api_runner); the CLI path now says the same."""
+    home = tmp_path / "profiles" / "carol"
+    home.mkdir(parents=True)
+    (home / "config.yaml").write_text(config, encoding="utf-8")
+    cli = tmp_path / "hermes"
+    cli.write_text(f"#!/bin/sh\ncat <<'EOF'\n{_WIZARD}EOF\nexit 1\n", encoding="utf-8")
+    cli.chmod(0o700)
+    flags = ChatFlags(query_file=True, create_if_missing=True, in_dir=True, no_restore_cwd=True)
+    runner = HermesCliRunner(str(cli), flags=flags, dm_base=tmp_path, timeout=60)
+    turn = Turn(profile="carol", content="hi", delivery_id="c" * 32, root=tmp_path, home=home)
+    with pytest.raises(TurnFailed) as caught:
+        runner.run_turn(turn)
+    assert caught.value.reason == "missing_config"
+    assert caught.value.text.startswith(says.format(home=home)), caught.value.text
+    assert ("hermes config set" in caught.value.text) == (says.startswith("hermes exited")), caught.value.text
+
+
 def test_exit_zero_without_reply_but_with_error_is_a_failure() -> None:
     with pytest.raises(TurnFailed, match="overloaded") as caught:
         reply_or_failure(CliResult("", "Error: provider overloaded\n\nsession_id: x\n", 0), "bob")

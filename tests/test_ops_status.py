@@ -21,6 +21,7 @@ from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.ops.journal_view import find_outcome
 from hermes_actors.ops.status import (
     STATUS_KEYS,
+    busy_in_hermes,
     file_status,
     in_flight_rows,
     live_status,
@@ -45,6 +46,24 @@ def test_profile_rows_states() -> None:
     assert [(r["state"], r["queued"], r["live_owner"]) for r in live] == [("running", 2, False), ("idle", 0, True)]
     offline = profile_rows(profiles, {"bob": 3}, set(), live=False)
     assert [(r["state"], r["queued"]) for r in offline] == [("offline", 3), ("offline", 0)]
+    # hermes still runs a turn of carol given up on: busy, every DM in flight to it waiting (and refused)
+    busy = profile_rows(profiles, {"bob": 3, "carol": 2}, set(), live=True, busy=frozenset({"carol"}))
+    assert [(r["state"], r["queued"], r["in_flight"]) for r in busy] == [("running", 2, 3), ("busy", 2, 2)]
+    assert [r["state"] for r in profile_rows(profiles, {}, set(), live=False, busy=frozenset({"bob"}))] == [
+        "offline", "offline"]
+
+
+@pytest.mark.parametrize(("before", "after", "in_flight", "busy"), [
+    ({}, {}, set(), set()),
+    ({"bob": "d1"}, {"bob": "d1"}, set(), {"bob"}),  # a timed-out warm turn: its DM settled, hermes runs it on
+    ({"bob": "d1"}, {"bob": "d1"}, {"d1"}, set()),  # the DM's own turn: bob is running, not busy
+    ({"bob": "d1"}, {}, set(), set()),  # it ended during the stats: not running any more
+    ({}, {"bob": "d2"}, set(), set()),  # began during the stats: a DM in flight the stats may not show yet
+    ({"bob": "d1"}, {"bob": "d2"}, set(), set()),  # another turn since: the stats cannot tell which
+    ({"bob": ""}, {"bob": ""}, {"d9"}, {"bob"}),  # a turn lost in a stopping gateway that still lives
+], ids=["none", "timed-out", "its-own-dm", "ended", "began", "replaced", "lost"])
+def test_busy_in_hermes(before: dict[str, str], after: dict[str, str], in_flight: set[str], busy: set[str]) -> None:
+    assert busy_in_hermes(before, after, in_flight) == busy
 
 
 def test_room_rows_add_idle_seconds_and_sort_by_name() -> None:

@@ -31,7 +31,8 @@ def test_kept_at_stop(origin: Origin, keep_journaled: bool, kept: bool) -> None:
     ("began", "live", "reason", "words"),
     [
         (True, True, "delivery_timeout", "was stopped; it may have been partly done"),
-        (True, False, "delivery_timeout", "it may still complete"),
+        # a warm or in-process turn goes on, yet what it answers then is dropped: the text must not promise it
+        (True, False, "delivery_timeout", "it may still complete, but a later answer is not passed on, so do not"),
         (False, False, "target_busy", "bob"),
         (False, True, "target_busy", "bob"),  # never began: no process of it can be live
     ],

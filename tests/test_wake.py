@@ -275,9 +275,10 @@ _MAY_HAVE_RUN = ("It is not run again: a wake that may have run never runs twice
      "@alice's Bot Chat turn (reset). The message may have been delivered — do not resend.",
      f"the connection to the hermes API server at 127.0.0.1:8642 was lost during @alice's Bot Chat turn (reset). "
      f"{_MAY_HAVE_RUN}"),
-    ("failed", "delivery_timeout", "The turn of @alice did not finish within 5s; it may still complete, so do not "
-                                   "resend blindly.",
-     f"The turn of @alice did not finish within 5s; it may still complete. {_MAY_HAVE_RUN}"),
+    ("failed", "delivery_timeout", "The turn of @alice did not finish within 5s; it may still complete, but a later "
+                                   "answer is not passed on, so do not resend blindly.",
+     f"The turn of @alice did not finish within 5s; it may still complete, but a later answer is not passed on. "
+     f"{_MAY_HAVE_RUN}"),
     ("failed", "delivery_timeout", "the turn timed out", f"the turn timed out. {_MAY_HAVE_RUN}"),
     ("ambiguous", "unknown", "", _MAY_HAVE_RUN),
     ("failed", "unknown", "boom", "boom"),  # a plain failure: its own text

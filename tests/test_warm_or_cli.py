@@ -24,6 +24,7 @@ from hermes_actors.hermes.warm_or_cli import (
     falls_back,
     refused_at_own_stop,
     turn_path,
+    turns_in_hermes,
     turns_info,
     while_starting,
 )
@@ -57,6 +58,9 @@ class Fake:
 
     def in_flight(self, profile: str) -> str | None:
         return None  # no chat request of ours is open
+
+    def turns_in_hermes(self) -> dict[str, str]:
+        return {}  # no chat request of ours is open
 
     def stop_turns(self, delivery_ids: list[str] | None = None) -> int:
         return 0  # no turn process of its own runs
@@ -192,6 +196,7 @@ def test_while_a_stopping_gateway_may_still_run_a_bots_lost_turn_its_next_dm_fai
     Not a wait: it would run on the turn's own clock (a DM reported timed out must not start later)."""
     gateway = sleeper()
     runner, _, cli = _lost_turn_runner(tmp_path, gateway)
+    assert turns_in_hermes(runner) == {"bob": ""}  # what status shows busy: the state the refusal below is from
     for key in ("d2", "d3"):  # every DM while the process lives, not only the first
         with pytest.raises(TurnFailed, match="still finishing an earlier turn") as caught:
             runner.run_turn(Turn(profile="bob", content="next", delivery_id=key, root=tmp_path))
@@ -200,6 +205,7 @@ def test_while_a_stopping_gateway_may_still_run_a_bots_lost_turn_its_next_dm_fai
     assert runner.run_turn(Turn(profile="carol", content="hi", delivery_id="d4", root=tmp_path)) == "cli: hi"
     assert cli.turns == ["d4"]  # another bot is not held by bob's lost turn
     gateway.communicate(b"", timeout=30)  # the gateway finishes its drain and exits
+    assert turns_in_hermes(runner) == {}
     assert runner.run_turn(Turn(profile="bob", content="later", delivery_id="d5", root=tmp_path)) == "cli: later"
 
 

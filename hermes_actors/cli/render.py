@@ -289,6 +289,10 @@ def _roster_phrase(relay: dict[str, Any]) -> str:
     return "no relay roster" if age is None else f"roster {_age(age)} old, {relay.get('remote_agents')} agents"
 
 
+# A profile state the status line words beyond its name (ops.status: hermes still runs a turn given up on).
+_STATE_SHOWN = {"busy": "busy (a turn given up on still runs in the hermes gateway: DMs to it fail target_busy)"}
+
+
 def status_text(status: dict[str, Any]) -> str:
     """Pure: the human ``hermes-actors status`` report of a status dict (:mod:`hermes_actors.ops.status`)."""
     lines = []
@@ -311,7 +315,7 @@ def status_text(status: dict[str, Any]) -> str:
     for p in status.get("profiles") or []:
         owner = ", live owner attached" if p.get("live_owner") else ""
         queued = f", {p['queued']} queued" if p.get("queued") else ""
-        lines.append(f"  @{p['handle']:<16} {p['state']}{queued}{owner}")
+        lines.append(f"  @{p['handle']:<16} {_STATE_SHOWN.get(p['state'], p['state'])}{queued}{owner}")
     flying = status.get("in_flight") or []
     lines.append(f"in flight: {len(flying)}")
     for r in flying[:20]:

@@ -31,8 +31,8 @@ from loguru import logger
 from hermes_actors.core.reasons import MISSING_CONFIG, RUNTIME_OFFLINE, TARGET_BUSY, UNKNOWN, classify_agent_error
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.api_client import ApiHttpError, ApiServer, call_api
-from hermes_actors.hermes.cli_runner import turn_home
-from hermes_actors.hermes.install import cli_profile_name, home_names_no_model
+from hermes_actors.hermes.cli_runner import no_model_failure, turn_home
+from hermes_actors.hermes.install import cli_profile_name
 from hermes_actors.hermes.plugin import turn_hop_scope
 from hermes_actors.hermes.retry import prepare_bot_chat_retry
 from hermes_actors.hermes.sessions import EMPTY_ANSWER, final_answer_since
@@ -271,6 +271,12 @@ class ApiRunner:
         with self._lock:
             return list(self._in_flight.values())
 
+    def turns_in_hermes(self) -> dict[str, str]:
+        """profile → the delivery whose turn hermes is still running for us (its request is open): the bot's next
+        turns are refused ``target_busy`` until it answers (:meth:`run_turn`)."""
+        with self._lock:
+            return dict(self._in_flight)
+
     def prepare_retry(self, turn: Turn, began: float) -> bool:
         """Before the policy retry: take back the DM the gateway stored when the first attempt failed.
 
@@ -321,11 +327,10 @@ class ApiRunner:
 
     def _failure(self, failure: ApiHttpError, handle: str, turn: Turn) -> TurnFailed:
         text = f"hermes API server answered {failure.status} on @{handle}'s {turn.session} turn: {failure.message()}"
-        if failure.status == 500 and _names_no_model(turn):
-            # hermes logs "No inference provider configured" and answers a bare 500: say what is wrong
-            return TurnFailed(f"@{handle} has no model: {turn_home(turn) / 'config.yaml'} names none, so hermes "
-                              f"cannot run its turns (set model.default and its provider there) — {text}",
-                              reason=MISSING_CONFIG)
+        # hermes logs "No inference provider configured" and answers a bare 500: say what is wrong
+        missing = no_model_failure(turn, handle, text) if failure.status == 500 else None
+        if missing is not None:
+            return missing
         if failure.status == 401:
             return TurnFailed(text + " — the API_SERVER_KEY we use is not the gateway's", reason=MISSING_CONFIG)
         if failure.status == 404 and failure.code() != "session_not_found":
@@ -333,11 +338,3 @@ class ApiRunner:
         if failure.status == 503:
             return TurnFailed(text, reason=RUNTIME_OFFLINE)
         return TurnFailed(text, reason=classify_agent_error(text))
-
-
-def _names_no_model(turn: Turn) -> bool:
-    """Whether the turn's profile home names no model (False when that cannot be told)."""
-    try:
-        return home_names_no_model(turn_home(turn)) is True
-    except TurnFailed:  # no home for the turn: cannot tell
-        return False

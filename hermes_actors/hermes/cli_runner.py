@@ -23,7 +23,7 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.core.reasons import RUNTIME_OFFLINE, UNKNOWN
+from hermes_actors.core.reasons import MISSING_CONFIG, RUNTIME_OFFLINE, UNKNOWN
 from hermes_actors.errors import TurnFailed
 from hermes_actors.hermes.cli_output import reply_or_failure
 from hermes_actors.hermes.gateway_process import gateway_pid
@@ -35,6 +35,7 @@ from hermes_actors.hermes.install import (
     cli_profile_name,
     detect_chat_flags,
     find_hermes_cli,
+    home_names_no_model,
     profile_home,
     root_of_home,
 )
@@ -45,7 +46,7 @@ from hermes_actors.local.command_runner import CommandRunner
 from hermes_actors.messages import Turn
 from hermes_actors.store.turnlock import TurnLock, turn_lock_path
 
-__all__ = ["MAX_ARGV_TEXT_BYTES", "HermesCliRunner", "never_reached", "turn_home", "turn_root"]
+__all__ = ["MAX_ARGV_TEXT_BYTES", "HermesCliRunner", "never_reached", "no_model_failure", "turn_home", "turn_root"]
 
 MAX_ARGV_TEXT_BYTES = 100 * 1024
 
@@ -82,6 +83,32 @@ def turn_root(turn: Turn) -> Path:
         TurnFailed: ``runtime_offline`` when the turn has neither a root nor a home.
     """
     return Path(turn.root) if turn.root is not None else root_of_home(turn_home(turn))
+
+
+def no_model_failure(turn: Turn, handle: str, detail: str) -> TurnFailed | None:
+    """The ``missing_config`` failure of a turn whose profile names no model: one text for CLI and warm turns.
+
+    hermes' own words for it mislead: the CLI prints its setup wizard (``hermes config set model.provider
+    custom`` …, without ``-p NAME``: those commands edit the root profile, not the bot's), the API server
+    answers a bare 500. This names the bot's own ``config.yaml`` and what to set there.
+
+    Args:
+        turn: the failed turn.
+        handle: the target's handle.
+        detail: what hermes said, one line (appended after the text).
+
+    Returns:
+        The failure; None when the profile names a model, its ``config.yaml`` does not read, or the turn
+        names no home (then hermes' failure stands).
+    """
+    try:
+        home = turn_home(turn)
+    except TurnFailed:
+        return None
+    if home_names_no_model(home) is not True:
+        return None
+    return TurnFailed(f"@{handle} has no model: {home / 'config.yaml'} names none, so hermes cannot run its turns "
+                      f"(set model.default and its provider there) — {detail}", reason=MISSING_CONFIG)
 
 
 def never_reached(turn: Turn, since: float) -> bool:
@@ -301,7 +328,13 @@ class HermesCliRunner(CommandRunner):
             self._ensure_session(turn, home, handle)
         logger.debug("turn {} attempt {} for @{}: {}", turn.delivery_id, turn.attempt, handle, argv[:-1])
         done = self._run_process(turn, argv, handle, cwd=home)
-        return reply_or_failure(done, handle, turn.profile)
+        try:
+            return reply_or_failure(done, handle, turn.profile)
+        except TurnFailed as failure:
+            if failure.reason != MISSING_CONFIG:
+                raise
+            # hermes' first line names the problem; the wizard's commands after it would edit the root profile
+            raise no_model_failure(turn, handle, failure.text.splitlines()[0]) or failure from None
 
     def _ensure_session(self, turn: Turn, home: Path, handle: str) -> Any:
         try:

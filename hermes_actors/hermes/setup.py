@@ -43,7 +43,13 @@ from typing import Any
 
 from hermes_actors.core.clipping import shown
 from hermes_actors.core.shell import shell_command
-from hermes_actors.hermes.gateway_api import DEFAULT_API_PORT, MIN_KEY_CHARS, hermes_true, read_gateway_api_server
+from hermes_actors.hermes.gateway_api import (
+    DEFAULT_API_PORT,
+    MIN_KEY_CHARS,
+    hermes_true,
+    read_gateway_api_server,
+    read_root_dotenv,
+)
 from hermes_actors.hermes.gateway_process import gateway_pid
 from hermes_actors.hermes.install import cli_profile_name, find_hermes_cli, profile_home
 from hermes_actors.hermes.plugin import HOST_KEY, PLATFORM_NAME
@@ -67,7 +73,8 @@ from hermes_actors.store.hermes_root import MANAGED_KEY, discover_profiles, exis
 from hermes_actors.store.processes import process_started_at
 
 __all__ = [
-    "PLUGIN_NAME", "api_server_port", "connect_order", "disable", "enable", "gateway_todo", "platform_block_keys",
+    "PLUGIN_NAME", "api_server_port", "connect_order", "disable", "enable", "gateway_hosts_actors", "gateway_todo",
+    "platform_block_keys",
 ]
 
 PLUGIN_NAME = "hermes-actors"
@@ -213,11 +220,12 @@ def enable(
         else:
             if created:
                 report.changed.append(f"{home / 'state.db'}: created the 'Bot Chat' session {session}")
-    # what a running hermes gateway read at its start: the root's config.yaml, and the profiles' own. Changed by
-    # this run, or by an earlier one (or by hand) since that gateway started: a restart is due either way
-    configs = [root / "config.yaml", *(home / "config.yaml" for _, home in homes)]
-    config_changed = (any(path.name == "config.yaml" for path in editor.files_written)
-                      or written_since_start(configs, gateway_pid(root)))
+    # what enable writes that a running hermes gateway reads only at its start: the root's config.yaml (its
+    # platforms, and the plugins it loads for every profile it multiplexes). Changed by this run, or by an earlier
+    # one (or by hand) since that gateway started: a restart is due either way. A profile's own config.yaml (its
+    # plugins.enabled, its model) is read per turn: no restart for it, which would end a warm turn `ambiguous`
+    config = root / "config.yaml"
+    config_changed = config in editor.files_written or written_since_start([config], gateway_pid(root))
     _add_todo(root, report, gateway=gateway, env=env, cli=hermes_cli, config_changed=config_changed)
     return report
 
@@ -296,6 +304,24 @@ def platform_block_keys(config: Mapping[str, Any], name: str, beside: str) -> li
             return [*keys, name]
     holders = [keys for keys, found in maps if isinstance(found.get(beside), dict)]
     return [*(_NESTED if holders == [_NESTED] else _TOP), name]
+
+
+def gateway_hosts_actors(config: Mapping[str, Any]) -> bool:
+    """Pure: whether a root's ``config.yaml`` asks its hermes gateway to host the actors, as ``enable --gateway``
+    writes it: the ``hermes_actors`` platform block (where :func:`platform_block_keys` finds it) switched on, with
+    ``extra.host_actors: true`` (:func:`hermes_actors.hermes.plugin.hosting_configured`'s marker).
+
+    Args:
+        config: the root's ``config.yaml`` mapping.
+
+    Returns:
+        True when it does.
+    """
+    block = value_at(dict(config), platform_block_keys(config, PLATFORM_NAME, _API))
+    if not isinstance(block, dict):
+        return False
+    extra = block.get("extra")
+    return hermes_true(block.get("enabled")) and isinstance(extra, dict) and extra.get(HOST_KEY) is True
 
 
 def connect_order(config: Mapping[str, Any]) -> list[str]:
@@ -389,7 +415,7 @@ def written_since_start(configs: Iterable[Path], running: int | None) -> bool:
     advice was not followed yet, or an edit by hand).
 
     Args:
-        configs: the ``config.yaml`` files the gateway reads at its start.
+        configs: the files the gateway reads only at its start (the root's ``config.yaml``).
         running: its pid (None: no gateway runs).
 
     Returns:
@@ -415,14 +441,14 @@ def gateway_todo(root: Path, running: int | None, *, config_changed: bool = True
 
     A gateway already running read its ``config.yaml`` at its start, and a second plain ``hermes gateway run``
     exits at once ("Another gateway instance is already running"): it is restarted with ``--replace``, but only
-    when this run changed a ``config.yaml``: restarting it for nothing would end a warm turn in progress
-    (``ambiguous``).
+    when the root's ``config.yaml`` changed (this run, or since that gateway started): restarting it for nothing
+    would end a warm turn in progress (``ambiguous``).
 
     Args:
         root: the Hermes root (the gateway's ``HERMES_HOME``).
         running: the pid of the root's running hermes gateway (``gateway.pid``), or None.
-        config_changed: a ``config.yaml`` (the root's or a profile's) was written by this run, or since the
-            gateway started.
+        config_changed: the root's ``config.yaml`` (what the gateway reads at its start; a profile's own is
+            read per turn) was written by this run, or since the gateway started.
 
     Returns:
         The line, with the command to run as printed; None when the running gateway has nothing new to read.
@@ -499,19 +525,26 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
     # each says the same "restored" (or "changed since enable") line; say it once.
     report.changed, report.todo = _once(report.changed), _once(report.todo)
     yamls = _profile_yamls(selected)
-    served = _still_served(root, yamls, host) if selected else None
+    gateway = any(e["file"] == "config.yaml" and e["keys"][0] in ("platforms", "gateway") for e in selected)
+    # a running gateway read its platforms at start: it hosts (and refuses every DM) until restarted
+    restart = shell_command("hermes", "gateway", "run", "--replace", env={"HERMES_HOME": root}) if gateway else None
+    hosting = host is not None and host == gateway_pid(root)  # the host is that gateway: one instruction for both
+    served = _still_served(root, yamls, host, restart=restart if hosting else None) if selected else None
     if served is not None:
         report.todo.insert(0, served)
     if selected:
         report.todo.append("the 'Bot Chat' sessions, and the rooms' 'Group: <name>' ones, were kept (they hold "
                            "conversations; delete them in hermes if you want them gone)")
         # the record is what makes bot_relay/ ours: say it once nothing is left of it, by --profiles naming them all too
-        report.todo.extend(_left_to_remove(root, yamls, everything=not kept))
-    if any(e["file"] == "config.yaml" and e["keys"][0] in ("platforms", "gateway") for e in selected):
-        # a running gateway read its platforms at start: it hosts (and refuses every DM) until restarted
-        report.todo.append("restart the hermes gateway if one runs, so it stops hosting the actors: "
-                           + shell_command("hermes", "gateway", "run", "--replace", env={"HERMES_HOME": root}))
+        report.todo.extend(_left_to_remove(root, _undone_files(selected), everything=not kept, gateway=gateway))
+    if restart is not None and not (served is not None and restart in served):  # not said by the host's line
+        report.todo.append(f"restart the hermes gateway if one runs, so it stops hosting the actors: {restart}")
     return report
+
+
+def _undone_files(undone: list[dict[str, object]]) -> list[str]:
+    """Pure: the files (relative to the root) the undone record entries edited, each once, in record order."""
+    return list(dict.fromkeys(str(e["file"]) for e in undone))
 
 
 def _profile_yamls(undone: list[dict[str, object]]) -> list[str]:
@@ -524,10 +557,10 @@ def _profile_yamls(undone: list[dict[str, object]]) -> list[str]:
     Returns:
         Their paths as the record names them (``profiles/<id>/profile.yaml``, ``profile.yaml`` for the root's).
     """
-    return list(dict.fromkeys(str(e["file"]) for e in undone if Path(str(e["file"])).name == "profile.yaml"))
+    return [name for name in _undone_files(undone) if Path(name).name == "profile.yaml"]
 
 
-def _still_served(root: Path, yamls: list[str], host: int | None) -> str | None:
+def _still_served(root: Path, yamls: list[str], host: int | None, *, restart: str | None = None) -> str | None:
     """What a disable leaves served: the "to do" line that says so, or None (nothing worth saying).
 
     The gate is the install's, as in Bot Mode (docs/hermes.md): while any profile stays managed, every
@@ -539,20 +572,26 @@ def _still_served(root: Path, yamls: list[str], host: int | None) -> str | None:
         root: the Hermes root, its files as the undo left them.
         yamls: the ``profile.yaml`` files the undone entries edited (:func:`_profile_yamls`).
         host: the pid of the host still serving the root (``submit.lock``'s holder), or None.
+        restart: when the host is the hermes gateway and this disable undid its hosting settings, the command that
+            restarts it: it is then restarted (it stops hosting the actors, and goes on serving what else it
+            serves), not stopped, in one instruction.
 
     Returns:
-        The line: stop the host (none managed now, a host runs), or which undone profiles still receive
-        DMs and why (some profile still managed); None when no host runs and none is managed.
+        The line: stop (or restart) the host (none managed now, a host runs), or which undone profiles still
+        receive DMs and why (some profile still managed); None when no host runs and none is managed.
     """
     profiles = discover_profiles(root)
     managed = [p.profile for p in profiles if p.managed]
     if not managed:
         if host is None:
             return None
+        refuses = "it refuses every DM (\"This install is not Bot-Mode-managed\")"
+        if restart is not None:
+            return (f"restart the hermes gateway that hosts the actors of {root} (pid {host}), so it stops hosting "
+                    f"them (until then {refuses}): {restart}")
         # uninstall step 1 stops it first: once no profile is managed, it refuses every DM it is handed
         return (f"stop the host that still serves {root} (pid {host}: `hermes-actors serve`, or `hermes gateway "
-                "run` hosting the actors): until it stops it refuses every DM (\"This install is not "
-                "Bot-Mode-managed\")")
+                f"run` hosting the actors): until it stops {refuses}")
     flagged = {str(Path(name).parent) for name in yamls}
     unmanaged = [p.profile for p in profiles if not p.managed and _home_key(root, p.profile) in flagged]
     if not unmanaged:  # no managed flag undone (one changed since enable stays: said already)
@@ -572,30 +611,57 @@ def _some(names: list[str]) -> str:
     return listed if len(names) <= _LISTED else f"{listed} and {len(names) - _LISTED} more"
 
 
-def _left_to_remove(root: Path, yamls: list[str], *, everything: bool) -> list[str]:
+def _left_to_remove(root: Path, files: list[str], *, everything: bool, gateway: bool) -> list[str]:
     """What disable leaves that is the user's to remove by hand (uninstall step 3 in docs/hermes.md).
 
     Args:
         root: the Hermes root.
-        yamls: the ``profile.yaml`` files the undone entries edited (:func:`_profile_yamls`).
+        files: the files the undone entries edited (:func:`_undone_files`).
         everything: the whole record is undone now (no ``--profiles``, or profiles naming every recorded
             edit): ``bot_relay/`` is no longer ours.
+        gateway: the gateway's settings were undone (``enable --gateway``'s).
 
     Returns:
-        The "to do" lines: each ``profile.yaml`` now ``{}`` (enable created it), and ``bot_relay/``.
+        The "to do" lines: each ``profile.yaml`` or ``config.yaml`` now ``{}`` (enable created it), each
+        ``.before-hermes-actors`` copy enable kept of them, ``API_SERVER_KEY`` in the root's ``.env``, and
+        ``bot_relay/``.
     """
     emptied = []
-    for name in yamls:
+    for name in files:
         try:
             if read_yaml(root / name) == {}:
                 emptied.append(str(root / name))
         except SetupError:  # no longer readable (changed since the undo wrote it): nothing to say of it
             continue
     lines = [f"{path} is now {{}} (enable created it): remove it if you want" for path in emptied]
+    for name in files:
+        kept = root / f"{name}.before-hermes-actors"
+        if kept.is_file() and not kept.is_symlink():
+            lines.append(f"{kept} was kept (the copy enable made of {root / name} before rewriting it without its "
+                         "comments): take back what you want from it, then remove it")
+    if gateway:
+        lines.extend(_api_key_left(root))
     if everything:
         lines.append(f"{root / 'bot_relay'} was kept (the journal, relay directories, turn locks, quarantine): "
                      "remove it if you want, once no host runs")
     return lines
+
+
+def _api_key_left(root: Path) -> list[str]:
+    """The "to do" line for an ``API_SERVER_KEY`` the root's ``.env`` still sets once the gateway settings are undone
+    (the user set it for ``enable --gateway``'s warm turns): hermes enables its API server from that key alone."""
+    env = root / ".env"
+    dotenv = read_root_dotenv(env)
+    if not (dotenv.scope.get("API_SERVER_KEY") or dotenv.loaded.get("API_SERVER_KEY")):
+        return []
+    try:
+        planned = read_gateway_api_server(root, read_yaml(root / "config.yaml"), {})
+    except SetupError:  # the root's config.yaml no longer reads: what hermes does with the key cannot be told
+        starts = ""
+    else:
+        starts = (f": the hermes gateway still starts its API server ({planned.address()}) with it at its next "
+                  "start" if planned.starts else "")
+    return [f"API_SERVER_KEY is still set in {env}{starts}; remove it if you set it for warm turns only"]
 
 
 def _once(lines: list[str]) -> list[str]:

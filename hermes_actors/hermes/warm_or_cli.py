@@ -52,8 +52,8 @@ from hermes_actors.store.processes import ProcessWatch, process_started_at
 
 __all__ = [
     "API_SERVER_START_SECONDS", "LIVE_TURN_SECONDS", "StartStep", "TurnPath", "WarmOrCliRunner", "cli_at_start_text",
-    "cut_by_own_stop", "falls_back", "not_run_at_own_stop", "refused_at_own_stop", "turn_path", "turns_info",
-    "while_starting",
+    "cut_by_own_stop", "falls_back", "not_run_at_own_stop", "refused_at_own_stop", "turn_path", "turns_in_hermes",
+    "turns_info", "while_starting",
 ]
 
 # How long a DM a turn left unanswered in a live gateway holds its bot (a turn a killed host started there):
@@ -201,6 +201,21 @@ def cli_at_start_text(server: object, problem: ApiServerProblem, root: Path, cli
     return (f"warm turns are off at the start: the hermes API server {server} {problem.text}; turns on {root} run "
             f"with the hermes CLI {cli} (2–4 s of CPU each) until it answers (start it: "
             f"{shell_command('hermes', 'gateway', 'run', env={'HERMES_HOME': root})})")
+
+
+def turns_in_hermes(runner: object) -> dict[str, str]:
+    """The bots a host's runner knows hermes still runs a turn of: their next DMs fail ``target_busy`` until it ends.
+
+    Args:
+        runner: the host's runner.
+
+    Returns:
+        profile → the delivery of that turn (``""`` for a turn lost in a stopping gateway, see
+        :meth:`WarmOrCliRunner.turns_in_hermes`); ``{}`` for a runner that runs no turn in a hermes gateway.
+    """
+    if isinstance(runner, WarmOrCliRunner | ApiRunner):
+        return runner.turns_in_hermes()
+    return {}
 
 
 def turns_info(runner: object) -> dict[str, Any]:
@@ -434,23 +449,41 @@ class WarmOrCliRunner:
 
         Either our chat request for it is still open (its turn was reported timed out, hermes
         answers when it is done), or the connection was lost and the gateway process that ran
-        it still lives (it drains before it exits).
+        it still lives (it drains before it exits). :meth:`turns_in_hermes` says the same of every bot.
         """
         running = self.warm.in_flight(turn.profile)
         if running is not None and running != turn.delivery_id:
             raise TurnFailed(busy_in_gateway_text(turn.handle or turn.profile), reason=TARGET_BUSY)
-        with self._lock:
-            watch = self._lost_turns.get(turn.profile)
-            if watch is None:
-                return
-            if watch.exited():
-                del self._lost_turns[turn.profile]
-                return
+        watch = self._lost_turn(turn.profile)
+        if watch is None:
+            return
         raise TurnFailed(
             f"@{turn.handle or turn.profile} is still finishing an earlier turn in the stopping hermes gateway "
             f"(pid {watch.pid}); the message was NOT delivered — resend shortly.",
             reason=TARGET_BUSY,
         )
+
+    def _lost_turn(self, profile: str) -> ProcessWatch | None:
+        """The stopping gateway process that may still run the bot's lost turn; None once it exited (forgotten)."""
+        with self._lock:
+            watch = self._lost_turns.get(profile)
+            if watch is not None and watch.exited():
+                del self._lost_turns[profile]
+                return None
+            return watch
+
+    def turns_in_hermes(self) -> dict[str, str]:
+        """The bots whose earlier turn hermes may still run, as :meth:`_refuse_beside_a_lost_turn` refuses them.
+
+        Returns:
+            profile → the delivery whose chat request is still open (a turn reported timed out: hermes
+            answers it when done), or ``""`` for a turn lost in a stopping gateway process that still lives.
+        """
+        with self._lock:
+            lost = list(self._lost_turns)
+        found = {profile: "" for profile in lost if self._lost_turn(profile) is not None}
+        found.update(self.warm.turns_in_hermes())
+        return found
 
     def _refuse_beside_a_turn_this_host_lost_track_of(self, turn: Turn) -> None:
         """Before a bot's turn: refuse it while the hermes gateway may still run a turn an earlier host started.

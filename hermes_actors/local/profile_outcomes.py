@@ -66,15 +66,18 @@ def timed_out_outcome(
 
     Returns:
         ``ambiguous`` when the live owner had it (it may have shown the DM: do not resend),
-        ``delivery_timeout`` when the runner's turn began (do not resend blindly), else
-        ``target_busy`` (it never runs now, and the sender may resend).
+        ``delivery_timeout`` when the runner's turn began (do not resend blindly; a turn that may still
+        complete says its later answer is not passed on), else ``target_busy`` (it never runs now, and the
+        sender may resend).
     """
     if began and owner:
         why = f"The live Bot Chat owner did not finish the turn of {delivery.label} within {seconds:g}s."
         return outcomes.ambiguous(delivery.delivery_id, delivery.label, why)
     if began:
-        # only a turn process is ended; a warm turn goes on in hermes, an in-process one in its thread
-        fate = " and was stopped; it may have been partly done" if live else "; it may still complete"
+        # only a turn process is ended; a warm turn goes on in hermes, an in-process one in its thread, and what
+        # either answers then is dropped (this is the DM's one outcome: the first wins): the text never promises it
+        fate = (" and was stopped; it may have been partly done" if live
+                else "; it may still complete, but a later answer is not passed on")
         text = f"The turn of {delivery.label} did not finish within {seconds:g}s{fate}{outcomes.RESEND_BLINDLY_TAIL}"
         return outcomes.failed(delivery.delivery_id, delivery.label, text, "delivery_timeout")
     # still waiting for the flock (or a worker)

@@ -16,7 +16,7 @@ from typing import Any
 
 from hermes_actors.core.config import parse_config
 from hermes_actors.hermes.install import CLI_PROFILE_RE, find_hermes_cli, model_name, names_no_model, profile_home
-from hermes_actors.hermes.setup import PLUGIN_NAME
+from hermes_actors.hermes.setup import PLUGIN_NAME, gateway_hosts_actors
 from hermes_actors.ops.doctor_checks import (
     BLOCK,
     Check,
@@ -144,7 +144,7 @@ def run_doctor(
         check_profile_folders(root, scan_profile_dirs(root)[1]),
         check_plugin(root, enabled, unread),
         check_models(root, {name: model for name, (_plugin, model, _why) in facts.items()}, unread),
-        check_daemon(root, pong),
+        check_daemon(root, pong, gateway_hosts=gateway_hosts_actors(raw)),
         check_journal(*journal_files_found(root), os.getuid()),
         check_config_keys(path, raw, problem),
         check_warm_turns(root, *_warm_facts(root, raw), host=pong),

@@ -199,12 +199,18 @@ def check_models(root: Path, models: dict[str, str | None], problems: Mapping[st
     return Check("models", OK, f"every profile that receives DMs names a model ({', '.join(named) or 'none'})")
 
 
-def check_daemon(root: Path, pong: dict[str, Any] | None) -> Check:
-    """Pure: a host (``serve`` or the hermes gateway with the plugin) answers on the submit endpoint."""
+def check_daemon(root: Path, pong: dict[str, Any] | None, *, gateway_hosts: bool = False) -> Check:
+    """Pure: a host (``serve`` or the hermes gateway with the plugin) answers on the submit endpoint.
+
+    ``gateway_hosts``: the root's ``config.yaml`` already asks its hermes gateway to host the actors
+    (:func:`~hermes_actors.hermes.setup.gateway_hosts_actors`): the fix then names no ``enable --gateway`` to run
+    first.
+    """
     if pong is None:
+        after = "" if gateway_hosts else f", after {_enable(root, '--gateway')}"
         return Check("daemon running", BLOCK, "no process hosts the actors of this root: the bots' DMs are refused "
                      "runtime_offline", f"{shell_command('hermes-actors', 'serve', '--root', root)}   (or: "
-                     f"{_gateway_run(root)}, after {_enable(root, '--gateway')})")
+                     f"{_gateway_run(root)}{after})")
     return Check("daemon running", OK, f"pid {pong.get('pid')} serves {pong.get('root')} "
                  f"(hermes-actors {pong.get('version')})")
 

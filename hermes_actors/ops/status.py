@@ -25,9 +25,11 @@ gateway answers. Both return the same shape (``source`` says which)::
 ``idle``, ``busy`` or ``needs_you``; ``messages`` counts every transcript entry
 posted; ``last_activity`` is the newest one's time, else the room's creation).
 
-``state`` is ``idle``, ``running`` (a DM is in its turn; ``queued`` more wait) or, from
-the files, ``offline`` (``queued`` then counts the journaled DMs waiting for the next
-start). ``by_outcome`` is ``{status: {reason: count}}``; ``by_status`` and ``by_reason``
+``state`` is ``idle``, ``running`` (a DM is in its turn; ``queued`` more wait), ``busy`` (the hermes
+gateway still runs an earlier turn of the bot that this gateway gave up on, a timed-out warm turn or one
+lost in a stopping gateway: its DMs fail ``target_busy`` until that turn ends; ``queued`` counts the DMs
+in flight to it) or, from the files, ``offline`` (``queued`` then counts the journaled DMs waiting for
+the next start). ``by_outcome`` is ``{status: {reason: count}}``; ``by_status`` and ``by_reason``
 are its sums. A value the source cannot know is None.
 
 The remote roster is read where the root's transport keeps it
@@ -50,6 +52,7 @@ from hermes_actors.core.config import load_config
 from hermes_actors.core.outcomes import shown_sender
 from hermes_actors.core.shell import shell_command
 from hermes_actors.core.wake import WAKE_ORIGIN, shown_route
+from hermes_actors.hermes.warm_or_cli import turns_in_hermes
 from hermes_actors.messages import RELAY_ORIGIN
 from hermes_actors.ops.doctor_checks import check_redis
 from hermes_actors.ops.journal_view import read_journals
@@ -69,8 +72,8 @@ if TYPE_CHECKING:
     from hermes_actors.gateway import Gateway
 
 __all__ = [
-    "STATUS_KEYS", "file_status", "live_status", "relay_dir_counts", "relay_start_problems", "roster_fields",
-    "transport_problems",
+    "STATUS_KEYS", "busy_in_hermes", "file_status", "live_status", "relay_dir_counts", "relay_start_problems",
+    "roster_fields", "transport_problems",
 ]
 _RELAY_COUNTS = ("outbox", "claimed", "replies", "inbox", "taken", "quarantine", "unconfirmed")
 
@@ -104,7 +107,8 @@ def outcome_counters(by_outcome: dict[str, dict[str, int]]) -> dict[str, Any]:
 
 
 def profile_rows(
-    profiles: list[dict[str, Any]], per_profile: dict[str, int], live_owners: set[str], *, live: bool
+    profiles: list[dict[str, Any]], per_profile: dict[str, int], live_owners: set[str], *, live: bool,
+    busy: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """Pure: one status row per local profile.
 
@@ -113,6 +117,7 @@ def profile_rows(
         per_profile: in-flight deliveries per profile (running + queued).
         live_owners: profiles with a live Bot Chat owner attached.
         live: a gateway answers (else every profile is ``offline``).
+        busy: profiles whose earlier turn hermes still runs (:func:`busy_in_hermes`).
 
     Returns:
         The rows, in the order given.
@@ -120,12 +125,32 @@ def profile_rows(
     rows = []
     for p in profiles:
         n = per_profile.get(p["profile"], 0)
-        if live:
+        if live and p["profile"] in busy:
+            state, queued = "busy", n  # every DM to it waits on (and is refused by) that earlier turn
+        elif live:
             state, queued = ("running", n - 1) if n else ("idle", 0)
         else:
             state, queued = "offline", n
         rows.append({**p, "state": state, "queued": queued, "in_flight": n, "live_owner": p["profile"] in live_owners})
     return rows
+
+
+def busy_in_hermes(before: dict[str, str], after: dict[str, str], in_flight: set[str]) -> frozenset[str]:
+    """Pure: the bots whose DMs fail ``target_busy`` because hermes still runs an earlier turn of theirs.
+
+    The runner is asked before and after the gateway's stats: a turn seen both times with the same delivery,
+    which is not among the deliveries in flight, is one this gateway gave up on (timed out, or lost), still
+    running in the hermes gateway; a turn that is a DM's in flight is that DM's own (the bot is ``running``).
+
+    Args:
+        before: :func:`~hermes_actors.hermes.warm_or_cli.turns_in_hermes` before the stats were taken.
+        after: the same, after.
+        in_flight: the ids of the deliveries in flight in the stats.
+
+    Returns:
+        The profiles.
+    """
+    return frozenset(p for p, d in before.items() if after.get(p) == d and d not in in_flight)
 
 
 def room_rows(rooms: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
@@ -362,10 +387,15 @@ def live_status(gateway: Gateway, *, now: float | None = None) -> dict[str, Any]
         RuntimeError: the gateway is not running.
     """
     now = time.time() if now is None else now
+    runner = getattr(gateway, "runner", None)
+    running_before = turns_in_hermes(runner)
     stats = gateway.stats()
+    running_after = turns_in_hermes(runner)
     rows = gateway.roster()
     root = gateway.root
     deliveries = stats.get("deliveries") or {}
+    flying = {str(row.get("delivery_id")) for row in deliveries.get("in_flight") or ()}
+    busy = busy_in_hermes(running_before, running_after, flying)
     started_at = getattr(gateway, "started_at", None)
     config = gateway.config
     raw = config.raw if config is not None else {}
@@ -414,7 +444,7 @@ def live_status(gateway: Gateway, *, now: float | None = None) -> dict[str, Any]
         },
         "processes": heartbeats(root, now),
         "profiles": profile_rows(profiles, deliveries.get("per_profile") or {},
-                                 set(deliveries.get("live_owners") or ()), live=True),
+                                 set(deliveries.get("live_owners") or ()), live=True, busy=busy),
         "in_flight": in_flight_rows(list(deliveries.get("in_flight") or ()), now),
         "counters": counters,
         "relay": {"transport": _transport(raw), **relay_dir_counts(root), **roster_fields(roster, reachable),
