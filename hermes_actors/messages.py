@@ -261,6 +261,9 @@ class RelayDeliver:
 
     envelope: dict[str, Any]
     reply_connection: str  # where the outcome goes back (as RelayOutcome); "": the Desktop RPC delivered it
+    # the Redis consumer (a gateway process) whose turn claim it holds and that died: never run here, answered with
+    # the outcome the journal recorded of it, else ``ambiguous`` (``relay_in_step``); "": none
+    dead_holder: str = ""
 
 
 @dataclass(frozen=True, slots=True)

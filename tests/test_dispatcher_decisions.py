@@ -14,7 +14,13 @@ from hermes_actors.core import outcomes
 from hermes_actors.core.recovery import relayed_in_states
 from hermes_actors.local.dispatcher_failure import read_failed_mailbox
 from hermes_actors.local.outcome_book import Pending
-from hermes_actors.local.relay_in import RelayInAnswer, RelayInTurn, kept_across_restarts, relay_in_step
+from hermes_actors.local.relay_in import (
+    RelayInAnswer,
+    RelayInTurn,
+    dead_holder_text,
+    kept_across_restarts,
+    relay_in_step,
+)
 from hermes_actors.messages import (
     AcceptLocal,
     AwaitOutcome,
@@ -58,6 +64,12 @@ REPLIED = outcomes.from_reply(KEY, "@bob", "hello").as_dict()
         (_env(hop=5), {}, RelayInAnswer, "failed", False),  # deeper than our limit
         (_env(hop=5), {"max_hops": 0}, RelayInTurn, None, False),  # no limit
         (None, {}, RelayInTurn, None, False),
+        # its turn claimed by a process that died: never run here; the journaled outcome, else ambiguous
+        (None, {"dead_holder": "vm-1-2-x", "record": REPLIED}, RelayInAnswer, "replied", False),
+        (None, {"dead_holder": "vm-1-2-x"}, RelayInAnswer, "ambiguous", False),
+        (None, {"dead_holder": "vm-1-2-x", "accepting": False}, RelayInAnswer, "ambiguous", False),
+        (None, {"dead_holder": "vm-1-2-x", "accepting": False, "record": REPLIED}, RelayInAnswer, "replied", False),
+        (None, {"dead_holder": "vm-1-2-x", "pending": True}, None, None, False),
     ],
 )
 def test_relay_in_step(env: dict[str, Any] | None, kw: dict[str, Any], kind: type | None, status: str | None,
@@ -73,6 +85,14 @@ def test_relay_in_step(env: dict[str, Any] | None, kw: dict[str, Any], kind: typ
         assert isinstance(step, RelayInTurn)
         assert step.info is BOB and step.delivery.delivery_id == KEY and step.delivery.origin == "relay"
         assert step.delivery.accepted_at == 1.0
+
+
+def test_a_dead_holders_ambiguous_answer_names_it_and_says_do_not_resend() -> None:
+    step = _step(dead_holder="vm-1-2-x")
+    assert isinstance(step, RelayInAnswer)
+    assert step.outcome.error == (f"{dead_holder_text('vm-1-2-x')}. The message may have been delivered — "
+                                  "do not resend.")
+    assert step.outcome.error.startswith("The gateway process that was running this turn (vm-1-2-x) died before")
 
 
 @pytest.mark.parametrize(

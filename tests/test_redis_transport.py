@@ -1325,7 +1325,9 @@ def test_an_entry_whose_turn_a_dead_consumer_claimed_is_ambiguous(tmp_path: Path
         inject(redis_server, "mini", "probe", envelope_id=envelope_id)
         await_condition(lambda: replies_to(redis_server, "probe"), timeout=5, message="a reply")
     [reply] = replies_to(redis_server, "probe")
-    assert reply["reason"] == "ambiguous" and "do not resend" in reply["error"]
+    assert reply["reason"] == "ambiguous" and reply["error"] == (
+        "The gateway process that was running this turn (deadhost-1-abc) died before it replied. "
+        "The message may have been delivered — do not resend.")
     assert rec.entered == []
 
 
@@ -1548,6 +1550,40 @@ def test_a_restart_during_a_redis_outage_answers_a_turn_that_ended_with_its_repl
         await_drained(redis_server, KEYS.inbox("mini"))
     [reply] = replies_to(redis_server, "probe")
     assert (reply["id"], reply["reply"], reply["reason"]) == (envelope["id"], "answered in the outage", ""), reply
+    assert [t.delivery_id for t in first.entered] == [envelope["id"]] and again.entered == []
+    assert os.listdir(root / "bot_relay" / "started") == []
+
+
+def test_a_restart_answers_a_reclaimed_turn_that_ended_with_its_journaled_reply_when_no_mark_kept_it(
+    tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (review): while Redis hung, a relayed-in turn ended and its outcome was journaled, but the
+    transport, stuck on the hung Redis, never took that outcome up, so no start mark kept the reply; the gateway
+    was killed and restarted, and its reclaimed entry (its turn claimed by the dead run) was answered ``ambiguous``
+    from the dead claim alone, though the root's journal held the real reply. Now the reclaimed entry goes to the
+    Dispatcher, whose book (the journal's, after the restart) answers it with that reply; no turn runs again. The
+    stuck transport is the patched ``on_outcome``, which drops the outcome."""
+    from hermes_actors.transports.redis.inbound import InboundDrain
+
+    handed = threading.Event()
+
+    def stuck(self: InboundDrain, outcome: Any, *, put_back: bool = False) -> None:
+        handed.set()  # the transport never gets to keep or write the reply
+
+    monkeypatch.setattr(InboundDrain, "on_outcome", stuck)
+    first = RecordingRunner(lambda turn: "answered before the kill")
+    root = make_root(tmp_path, {"alice": {}, "bob": {}}, name="mini")
+    with Gateway(root, runner=first, config=_config(redis_server), connection_id="mini", durable=True):
+        envelope = inject(redis_server, "mini", "probe")
+        assert handed.wait(20), "the turn's outcome handed to the transport"
+    monkeypatch.undo()
+    assert replies_to(redis_server, "probe") == []  # the reply is in the journal only
+    again = RecordingRunner()
+    with gateway(tmp_path, "mini", redis_server, again, durable=True):
+        await_condition(lambda: replies_to(redis_server, "probe"), timeout=30, message="its reply")
+        await_drained(redis_server, KEYS.inbox("mini"))
+    [reply] = replies_to(redis_server, "probe")
+    assert (reply["id"], reply["reply"], reply["reason"]) == (envelope["id"], "answered before the kill", ""), reply
     assert [t.delivery_id for t in first.entered] == [envelope["id"]] and again.entered == []
     assert os.listdir(root / "bot_relay" / "started") == []
 

@@ -292,7 +292,8 @@ class DispatcherActor(SupervisorActor):
         key = msg.envelope["id"]
         step = relay_in_step(msg.envelope, pending=self.book.state(key) is DeliveryState.PENDING,
                              record=self.book.record(key), accepting=self.accepting, index=self.snapshot.index,
-                             max_hops=self.deps.config.max_hops, now=time.time(), reply_connection=msg.reply_connection)
+                             max_hops=self.deps.config.max_hops, now=time.time(), reply_connection=msg.reply_connection,
+                             dead_holder=msg.dead_holder)
         if isinstance(step, RelayInAnswer):
             self.relay.answer_relay_in(step.outcome, msg.reply_connection, stopping=step.stopping)
         elif step is not None:

@@ -199,8 +199,9 @@ def _keep_relayed_in(plan: RecoveryPlan, states: dict[str, Any], *, index: dict[
     with its ``delivered`` record, as :meth:`OutcomeFlow.settle` keeps one: a DM that started and never finished is
     ``ambiguous`` (its live-mailbox record too, when a live owner had it), one whose ``delivered`` record was lost
     keeps its outcome. Nobody is told: their senders are on other connections, answered through the relay (a
-    dead shelf's envelope by the file relay's adoption, a reclaimed Redis entry by its claim), or asking again (the
-    Desktop). One the plan would re-offer (an idempotent runner) is forgotten: its retry runs it.
+    dead shelf's envelope by the file relay's adoption, a reclaimed Redis entry whose turn the dead process had
+    claimed with this outcome, by ``relay_in_step``), or asking again (the Desktop). One the plan would re-offer (an
+    idempotent runner) is forgotten: its retry runs it.
 
     Args:
         plan: :func:`~hermes_actors.core.recovery.plan_recovery` of ``states``.

@@ -10,6 +10,11 @@ In durable mode the book knows the envelopes of previous runs too: a relayed-in 
 is journaled with its ``delivered`` record (:func:`kept_across_restarts` says which), so the next
 start remembers it, or settles it ``ambiguous`` when it started and never finished
 (``journal_replay``). In memory this holds only while the gateway runs.
+
+An envelope whose turn a process that died had claimed (a Redis entry reclaimed from a dead consumer:
+``dead_holder``) never runs here: it is answered with the outcome the book holds of it (the journal's, after
+a restart: a turn that finished before the kill gets its real reply), else ``ambiguous``
+(:func:`dead_holder_text`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from hermes_actors.core.names import profile_key
 from hermes_actors.local.relay_link import delivery_from_envelope
 from hermes_actors.messages import Delivery, Outcome, ProfileInfo
 
-__all__ = ["RelayInAnswer", "RelayInTurn", "kept_across_restarts", "relay_in_step"]
+__all__ = ["RelayInAnswer", "RelayInTurn", "dead_holder_text", "kept_across_restarts", "relay_in_step"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,18 @@ def kept_across_restarts(outcome: Outcome) -> bool:
     return outcome.reason != reasons.CANCELLED
 
 
+def dead_holder_text(holder: str) -> str:
+    """Pure: why an envelope whose turn a process that died had claimed is ``ambiguous`` (the book knows no outcome).
+
+    Args:
+        holder: that process (its Redis consumer name).
+
+    Returns:
+        The reason (:func:`~hermes_actors.core.outcomes.ambiguous` adds "do not resend").
+    """
+    return f"The gateway process that was running this turn ({holder}) died before it replied"
+
+
 def relay_in_step(
     env: dict[str, Any],
     *,
@@ -75,6 +92,7 @@ def relay_in_step(
     max_hops: int,
     now: float,
     reply_connection: str,
+    dead_holder: str = "",
 ) -> RelayInAnswer | RelayInTurn | None:
     """Pure: the step for one drained envelope (idempotent by envelope id).
 
@@ -87,6 +105,8 @@ def relay_in_step(
         max_hops: ``bot_mode.max_hops`` (0: no limit).
         now: the acceptance time of its delivery.
         reply_connection: the sender's connection id (its answer goes back through it).
+        dead_holder: the process that had claimed its turn and died ("": none): it never runs here; answered
+            with ``record``, else ``ambiguous``.
 
     Returns:
         None when it is already under way; else the answer to give now or the turn to queue.
@@ -95,6 +115,8 @@ def relay_in_step(
         return None
     key = env["id"]
     label = f"@{env['target_handle']}"
+    if dead_holder and record is None:  # it may have run there, and no outcome of it was recorded here
+        return RelayInAnswer(outcomes.ambiguous(key, label, dead_holder_text(dead_holder)))
     if not accepting and (record is None or record["reason"] == reasons.CANCELLED):
         # Taken as the stop began, or taken again after the stop cancelled it (a reclaim): cancelled
         # unrun, so the relay puts it back for later (it answers it only if its turn had started).

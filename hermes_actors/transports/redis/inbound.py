@@ -3,8 +3,10 @@
 The reader thread hands the actor each entry of ``<p>:in:<me>``; the actor hands
 it to :meth:`InboundDrain.on_entry`. An entry whose reply was written
 (``<p>:done:<id>``) is only acked; an expired one gets the ``queued_expired``
-reply; one whose turn a dead consumer claimed gets an ``ambiguous`` reply (never
-a second turn); everything else goes to the Dispatcher (``RelayDeliver``). The
+reply; everything else goes to the Dispatcher (``RelayDeliver``), one whose turn a
+dead consumer claimed named so (``dead_holder``): it never runs a second turn, and
+is answered with the outcome the journal recorded of it (a turn that finished before
+a restart whose reply was in no start mark yet), else ``ambiguous``. The
 reply, the ``done`` mark and ``XACK`` + ``XDEL`` of the entry are one ``MULTI``:
 the entry is acked exactly when its reply is in Redis, or, when its sender's
 ``<p>:replies:<sender>`` key holds another type than a stream (only the reply's
@@ -66,6 +68,7 @@ class Flight:
     reply_to: str
     entry_ids: set[str] = field(default_factory=set)
     record: dict[str, Any] | None = None  # the reply, once settled (kept until written)
+    dead_holder: str = ""  # the dead consumer that had claimed its turn ("": none): it runs no turn here
 
 
 def owed_reply_text(key: str, reply_to: str) -> str:
@@ -227,28 +230,36 @@ class InboundDrain:
             return
         if holder_alive:
             return  # a live consumer runs it and will ack it; if it dies, a later reclaim decides
-        flight = self.flights[envelope_id] = Flight(reply_to, {entry_id})
-        if holder and holder != consumer:
-            self.counters["ambiguous"] += 1
-            why = (f"The gateway process that was running this turn ({holder}) died before it replied. "
-                   "The message may have been delivered — do not resend.")
-            self.settle(envelope_id, make_reply(envelope_id, error=why, reason="ambiguous", now=time.time()))
+        dead_holder = holder if holder and holder != consumer else ""
+        flight = self.flights[envelope_id] = Flight(reply_to, {entry_id}, dead_holder=dead_holder)
+        if dead_holder:  # it may have run there: the Dispatcher answers with its journaled outcome, else ambiguous
+            self._hand_over(envelope, flight)
             return
         ttl = self.config.envelope_ttl_seconds
         if ttl > 0 and is_expired(envelope, ttl, time.time()):
             self._expire(envelope, ttl)
             return
         self.guard.admit(envelope_id, envelope["target_handle"], envelope["target_connection"])
-        if not tell(self.dispatcher, RelayDeliver(envelope, flight.reply_to)):
-            # the Dispatcher is gone (a stop, or its failure): never a crash of this actor, which would drop what
-            # is queued behind; never started, the entry is left unacked as a stop's cancelled one is (on_outcome)
-            del self.flights[envelope_id]
-            self.guard.forget(envelope_id)
-            self.counters["returned"] += 1
-            logger.info("redis: the Dispatcher is gone; {} left in our inbox for the next start", envelope_id)
-            return
-        self.counters["drained"] += 1
-        logger.debug("redis: delivering {} (@{})", envelope_id, envelope["target_handle"])
+        if self._hand_over(envelope, flight):
+            self.counters["drained"] += 1
+            logger.debug("redis: delivering {} (@{})", envelope_id, envelope["target_handle"])
+
+    def _hand_over(self, envelope: dict[str, Any], flight: Flight) -> bool:
+        """Tell the Dispatcher the envelope (``RelayDeliver``, with the dead consumer that had claimed its turn).
+
+        Returns:
+            False when the Dispatcher is gone (a stop, or its failure): the entry is left unacked, for the next
+            start, and never a crash of this actor, which would drop what is queued behind.
+        """
+        envelope_id = envelope["id"]
+        if tell(self.dispatcher, RelayDeliver(envelope, flight.reply_to, dead_holder=flight.dead_holder)):
+            return True
+        # never started, the entry is left unacked as a stop's cancelled one is (on_outcome)
+        del self.flights[envelope_id]
+        self.guard.forget(envelope_id)
+        self.counters["returned"] += 1
+        logger.info("redis: the Dispatcher is gone; {} left in our inbox for the next start", envelope_id)
+        return False
 
     def _expire(self, envelope: dict[str, Any], ttl: float) -> None:
         envelope_id = envelope["id"]
@@ -298,6 +309,8 @@ class InboundDrain:
             logger.info("redis: {} never started before the stop; left in our inbox for the next start", envelope_id)
             return
         if outcome.status == "ambiguous":
+            if flight.dead_holder:  # no outcome of it recorded here: the dead consumer may have run it
+                self.counters["ambiguous"] += 1
             record = make_reply(envelope_id, error=outcome.error, reason="ambiguous", now=time.time())
         else:
             record = make_reply(envelope_id, now=time.time(), **reply_from_outcome(outcome))
