@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pykka
@@ -1070,6 +1072,32 @@ def test_a_send_already_under_way_when_stop_begins_is_acked_and_gets_its_outcome
     out = gw.wait_outcome(key, timeout=5)  # known after the stop: run before it, or cancelled by it
     assert out["status"] == "replied" or (out["status"], out["reason"]) == ("failed", "cancelled"), out
     assert key in seen.ids()  # and its subscriber heard of it
+
+
+def test_a_stop_waits_only_for_the_sends_in_flight_when_it_began_not_for_later_ones(
+    monkeypatch: pytest.MonkeyPatch, warnings: list[str]
+) -> None:
+    """Regression (acklost ``stop_livelock.py``): the stop waited until no ``message_agent`` call at all was in
+    flight, those that began after it (each only refused) included; senders retrying in a loop kept one in
+    flight, and ``stop(timeout=5)`` took up to 42 s. Now it waits for the calls in flight as it began: a call
+    that begins (and never ends, here) once it waits does not hold it."""
+    from hermes_actors.facade import sends as sends_module
+
+    sends = sends_module.SendsInFlight()
+    earlier = sends.begin()  # in flight as the stop begins: waited for
+    later: list[object] = []
+
+    def sleep(seconds: float) -> None:  # the stop is waiting: a later call begins, and never ends; the earlier ends
+        if not later:
+            begun = threading.Thread(target=lambda: later.append(sends.begin()))
+            begun.start()
+            begun.join(10)
+            sends.end(earlier)
+
+    monkeypatch.setattr(sends_module, "time", SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+    sends.await_all(10)
+    assert later, "the wait never slept: the test did not put a later call in flight"
+    assert not [w for w in warnings if "still in flight" in w], warnings  # returned once the earlier call ended
 
 
 def test_stop_called_from_a_subscriber_callback_returns_at_once(root: Path, gateways: list[Gateway]) -> None:
