@@ -1121,6 +1121,45 @@ def test_stop_called_from_a_subscriber_callback_returns_at_once(root: Path, gate
     assert not gw.running
 
 
+def test_a_stop_step_that_raises_does_not_skip_the_journal_and_scheduler_stops(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch, warnings: list[str]
+) -> None:
+    """Regression (acklost ``owner_stop2.py``): the worker pool's shutdown raising (``cannot join current
+    thread``) skipped ``journal.stop()`` and ``scheduler.stop()``: their threads stayed alive holding the
+    journal's flock, and a new Gateway on the root could not adopt it. Now each step runs whatever the one
+    before it raised, and the failure is logged."""
+    from actors import Scheduler, WorkerPool
+    from hermes_actors.store.journal import Journal
+
+    stopped: list[str] = []
+    journal_stop, scheduler_stop = Journal.stop, Scheduler.stop
+
+    def failing_shutdown(self: WorkerPool, timeout: float = 5.0) -> bool:
+        raise RuntimeError("cannot join current thread")
+
+    def recording_journal_stop(self: Journal) -> None:
+        stopped.append("journal")
+        journal_stop(self)
+
+    def recording_scheduler_stop(self: Scheduler) -> None:
+        stopped.append("scheduler")
+        scheduler_stop(self)
+
+    gw = start_gateway(gateways, root)
+    key = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
+    assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
+    monkeypatch.setattr(WorkerPool, "shutdown", failing_shutdown)
+    monkeypatch.setattr(Journal, "stop", recording_journal_stop)
+    monkeypatch.setattr(Scheduler, "stop", recording_scheduler_stop)
+    gw.stop()
+    assert not gw.running
+    assert stopped == ["journal", "scheduler"]
+    assert [w for w in warnings if "stopping the worker pool failed" in w], warnings
+    monkeypatch.undo()
+    again = start_gateway(gateways, root, lambda turn: "unused")
+    assert again.wait_outcome(key, timeout=5)["status"] == "replied"  # the journal was released and re-read
+
+
 def test_stop_called_from_inside_a_turn_is_refused_and_the_gateway_stops_cleanly_later(
     root: Path, gateways: list[Gateway]
 ) -> None:
