@@ -353,6 +353,45 @@ def test_a_peer_dm_under_way_when_the_gateway_stops_is_journaled_ambiguous(tmp_p
         transport.release.set()
 
 
+def test_a_peer_dm_under_way_at_a_kill_9_is_on_disk_from_its_ack_and_the_next_start_settles_it_ambiguous(
+    tmp_path: Path,
+) -> None:
+    """Regression (acklost ``peerkill.py``, 20/20): a durable gateway acked a peer DM ``queued`` with nothing
+    journaled (its ``finished`` record came only with its outcome), so a ``kill -9`` while the transport
+    delivered it left no trace: after the restart ``wait_outcome`` raised ``KeyError`` ("never acked on this
+    root") and ``hermes-actors outcome`` said unknown. Now its ``accepted`` record is on disk before the ack;
+    the next start settles it ``ambiguous`` (the transport had it), never sends it again.
+
+    The kill is the journal's files as they are while the transport still delivers: copied to a fresh root,
+    which is what a ``kill -9`` at that moment leaves (the record was fsync'd before the ack)."""
+    import shutil
+
+    from hermes_actors.ops.journal_view import find_outcome
+
+    root, crashed = make_root(tmp_path / "live"), make_root(tmp_path / "crashed")
+    transport = BlockingPeerTransport()
+    try:
+        with Gateway(root, runner=RecordingRunner(), config={"bot_peers": {"mini": {}}},
+                     peer_transport=transport) as gw:
+            key = send_dm(gw, "to the peer", target="mini/bob")
+            assert transport.started.wait(WAIT)
+            shutil.copytree(root / "bot_relay" / "journal", crashed / "bot_relay" / "journal")
+            gw.stop(timeout=0.2)
+        assert find_outcome(crashed, key)["status"] == "pending", find_outcome(crashed, key)
+        again_transport = BlockingPeerTransport()
+        again_transport.release.set()
+        with Gateway(crashed, runner=RecordingRunner(), config={"bot_peers": {"mini": {}}},
+                     peer_transport=again_transport) as again:
+            out = again.wait_outcome(key, timeout=WAIT)
+            assert again.recovered["ambiguous"] == 1, again.recovered
+        assert (out["status"], out["retryable"]) == ("ambiguous", False), out
+        assert "peer transport" in out["error"], out
+        assert not again_transport.started.is_set()  # never sent a second time
+        assert find_outcome(crashed, key)["status"] == "ambiguous"
+    finally:
+        transport.release.set()
+
+
 # ── the pure decisions ──────────────────────────────────────────────────────
 
 
