@@ -392,6 +392,33 @@ def test_a_peer_dm_under_way_at_a_kill_9_is_on_disk_from_its_ack_and_the_next_st
         transport.release.set()
 
 
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_peer_dm_is_handed_to_its_transport_once_accepted_unless_the_stop_began(stopping: bool) -> None:
+    """A peer DM's acceptance lands (its ``accepted`` record on disk, in durable mode; at once without a journal)
+    and it goes to the transport, booked; one whose acceptance lands once the stop began is settled ``cancelled``
+    (NOT delivered) and never handed over: the stop counted the peer DMs under way before it landed, so handed
+    over it would have been settled ``cancelled`` while its transport delivered it."""
+    from hermes_actors.local.durability import NoDurability
+    from hermes_actors.local.outcome_book import OutcomeBook
+    from hermes_actors.local.remote_sends import RemoteSends
+
+    submitted: list[str] = []
+    settled: list[Outcome] = []
+    book = OutcomeBook()
+    sends = RemoteSends(dispatcher=None, relay=None, book=book, counters={"accepted": 0},  # type: ignore[arg-type]
+                        peer_submit=lambda delivery, route, report: submitted.append(delivery.delivery_id),
+                        durability=NoDurability(), settle=settled.append, stopping=lambda: stopping)
+    delivery = Delivery("d" * 32, "alice", "alice", "", "", "hi", label="@bob on peer 'mini'")
+    ack = sends.to_peer(PeerRoute(None, "mini", "bob", "hi", {}), delivery)  # type: ignore[arg-type]
+    assert isinstance(ack, dict) and ack["status"] == "queued", ack
+    entry = book.entry(delivery.delivery_id)
+    assert entry is not None and entry.route == "peer" and entry.delivery.origin == "peer"
+    if stopping:
+        assert submitted == [] and [(o.status, o.reason) for o in settled] == [("failed", "cancelled")], settled
+    else:
+        assert submitted == [delivery.delivery_id] and settled == []
+
+
 # ── the pure decisions ──────────────────────────────────────────────────────
 
 
