@@ -158,8 +158,12 @@ class WorkerPool:
     def shutdown(self, timeout: float = 5.0) -> bool:
         """Refuse new jobs, let queued ones finish, and join the threads.
 
+        Called from one of the pool's own threads (a job that shuts its pool down), that thread is not
+        joined (it cannot be: ``RuntimeError: cannot join current thread``, which skipped whatever its
+        caller had left to stop); it exits once its job returns.
+
         Returns:
-            True when every thread exited within ``timeout``.
+            True when every thread exited within ``timeout`` (False when called from one of them).
         """
         deadline = time.monotonic() + timeout
         with self._lock:
@@ -170,8 +174,10 @@ class WorkerPool:
             threads = list(self._threads)
         if not booted:
             return False
+        me = threading.current_thread()
         for thread in threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if thread is not me:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in threads)
 
     def __enter__(self) -> WorkerPool:

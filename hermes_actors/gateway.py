@@ -323,7 +323,7 @@ class Gateway:
         never raised.
 
         Raises:
-            RuntimeError: called from inside one of this gateway's turns (its runner): the stop
+            RuntimeError: called from inside one of this gateway's turns (its runner's or a live owner's): the stop
                 would wait for that very turn. Stop it from another thread. Or called in a fork of the
                 process that started it (nothing is stopped: the gateway runs in the parent).
             TypeError: ``timeout`` is not a number of seconds, or ``abandon`` is neither None nor an object with

@@ -20,6 +20,7 @@ import pykka
 
 from actors import fast_init
 from hermes_actors.records import BOT_CHAT_SESSION, Delivery, Outcome, RemoteAgent, RosterSnapshot
+from hermes_actors.records import PEER_ORIGIN as PEER_ORIGIN
 from hermes_actors.records import RELAY_ORIGIN as RELAY_ORIGIN
 from hermes_actors.records import ROOM_ORIGIN as ROOM_ORIGIN
 from hermes_actors.records import Origin as Origin  # re-exported: the records travel inside these messages

@@ -17,6 +17,7 @@ from actors import fast_init
 
 __all__ = [
     "BOT_CHAT_SESSION",
+    "PEER_ORIGIN",
     "RELAY_ORIGIN",
     "ROOM_ORIGIN",
     "Delivery",
@@ -37,10 +38,13 @@ OutcomeStatus = Literal["replied", "failed", "silent", "ambiguous"]
 
 #: Where a delivery came from: sent here, drained from the relay, re-offered after a
 #: restart, a sender wake-up turn, or a group room member's turn.
-Origin = Literal["local", "relay", "recovered", "wake", "room"]
+Origin = Literal["local", "relay", "recovered", "wake", "room", "peer"]
 
 ROOM_ORIGIN: Origin = "room"  # Delivery.origin of a room member's turn
 RELAY_ORIGIN: Origin = "relay"  # Delivery.origin of a DM relayed in (drained from the relay: file, Desktop, Redis)
+# Delivery.origin of a DM this gateway hands to its ``bot_peers`` transport (journaled so: the next start settles one
+# without an outcome ``ambiguous``, never runs it here; it has no local target)
+PEER_ORIGIN: Origin = "peer"
 
 
 def outcome_status(value: object) -> OutcomeStatus:

@@ -230,6 +230,28 @@ def test_shutdown_reports_threads_that_did_not_exit_in_time() -> None:
     assert not _alive_threads("stuck")
 
 
+def test_a_shutdown_from_one_of_the_pools_own_jobs_does_not_join_its_own_thread() -> None:
+    """Regression (acklost ``owner_stop2.py``): a job that shut its own pool down got ``RuntimeError: cannot join
+    current thread``, which skipped whatever its caller had left to stop. Now that thread is not joined: the
+    shutdown says not every thread exited (this one is still in its job), and the thread exits once it returns."""
+    pool = WorkerPool(1, name="selfstop")
+    answered: list[Any] = []
+    done = threading.Event()
+
+    def job() -> None:
+        try:
+            answered.append(pool.shutdown(timeout=5))
+        except BaseException as exc:
+            answered.append(exc)
+        done.set()
+
+    pool.submit(job)
+    assert done.wait(10)
+    assert answered == [False]
+    assert pool.shutdown(timeout=5) is True
+    assert not _alive_threads("selfstop")
+
+
 def test_context_manager_shuts_down() -> None:
     ran = threading.Event()
     with WorkerPool(2, name="ctx") as pool:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pykka
@@ -1072,6 +1074,32 @@ def test_a_send_already_under_way_when_stop_begins_is_acked_and_gets_its_outcome
     assert key in seen.ids()  # and its subscriber heard of it
 
 
+def test_a_stop_waits_only_for_the_sends_in_flight_when_it_began_not_for_later_ones(
+    monkeypatch: pytest.MonkeyPatch, warnings: list[str]
+) -> None:
+    """Regression (acklost ``stop_livelock.py``): the stop waited until no ``message_agent`` call at all was in
+    flight, those that began after it (each only refused) included; senders retrying in a loop kept one in
+    flight, and ``stop(timeout=5)`` took up to 42 s. Now it waits for the calls in flight as it began: a call
+    that begins (and never ends, here) once it waits does not hold it."""
+    from hermes_actors.facade import sends as sends_module
+
+    sends = sends_module.SendsInFlight()
+    earlier = sends.begin()  # in flight as the stop begins: waited for
+    later: list[object] = []
+
+    def sleep(seconds: float) -> None:  # the stop is waiting: a later call begins, and never ends; the earlier ends
+        if not later:
+            begun = threading.Thread(target=lambda: later.append(sends.begin()))
+            begun.start()
+            begun.join(10)
+            sends.end(earlier)
+
+    monkeypatch.setattr(sends_module, "time", SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+    sends.await_all(10)
+    assert later, "the wait never slept: the test did not put a later call in flight"
+    assert not [w for w in warnings if "still in flight" in w], warnings  # returned once the earlier call ended
+
+
 def test_stop_called_from_a_subscriber_callback_returns_at_once(root: Path, gateways: list[Gateway]) -> None:
     """Regression: stop() asked the Notifier to flush from the Notifier's own thread and waited 40 s for itself."""
     gw = start_gateway(gateways, root, durable=False)
@@ -1091,6 +1119,45 @@ def test_stop_called_from_a_subscriber_callback_returns_at_once(root: Path, gate
     assert stopped.wait(10), "stop() from a subscriber callback did not return (it waited for its own thread)"
     assert errors == []
     assert not gw.running
+
+
+def test_a_stop_step_that_raises_does_not_skip_the_journal_and_scheduler_stops(
+    root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch, warnings: list[str]
+) -> None:
+    """Regression (acklost ``owner_stop2.py``): the worker pool's shutdown raising (``cannot join current
+    thread``) skipped ``journal.stop()`` and ``scheduler.stop()``: their threads stayed alive holding the
+    journal's flock, and a new Gateway on the root could not adopt it. Now each step runs whatever the one
+    before it raised, and the failure is logged."""
+    from actors import Scheduler, WorkerPool
+    from hermes_actors.store.journal import Journal
+
+    stopped: list[str] = []
+    journal_stop, scheduler_stop = Journal.stop, Scheduler.stop
+
+    def failing_shutdown(self: WorkerPool, timeout: float = 5.0) -> bool:
+        raise RuntimeError("cannot join current thread")
+
+    def recording_journal_stop(self: Journal) -> None:
+        stopped.append("journal")
+        journal_stop(self)
+
+    def recording_scheduler_stop(self: Scheduler) -> None:
+        stopped.append("scheduler")
+        scheduler_stop(self)
+
+    gw = start_gateway(gateways, root)
+    key = queued(gw.message_agent(sender="alice", target="bob", message="hi"))
+    assert gw.wait_outcome(key, timeout=10)["status"] == "replied"
+    monkeypatch.setattr(WorkerPool, "shutdown", failing_shutdown)
+    monkeypatch.setattr(Journal, "stop", recording_journal_stop)
+    monkeypatch.setattr(Scheduler, "stop", recording_scheduler_stop)
+    gw.stop()
+    assert not gw.running
+    assert stopped == ["journal", "scheduler"]
+    assert [w for w in warnings if "stopping the worker pool failed" in w], warnings
+    monkeypatch.undo()
+    again = start_gateway(gateways, root, lambda turn: "unused")
+    assert again.wait_outcome(key, timeout=5)["status"] == "replied"  # the journal was released and re-read
 
 
 def test_stop_called_from_inside_a_turn_is_refused_and_the_gateway_stops_cleanly_later(

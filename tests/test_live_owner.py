@@ -84,6 +84,38 @@ def test_dms_go_to_the_attached_owner_not_the_runner(root: Path, gateways: list[
     assert runner.bodies() == ["to carol"]
 
 
+def test_a_stop_from_inside_an_owner_turn_is_refused_as_from_a_runners_and_leaves_nothing_half_stopped(
+    root: Path, gateways: list[Gateway]
+) -> None:
+    """Regression (acklost ``owner_stop2.py``): only a runner's turn marked its thread, so an owner's
+    ``gw.stop()`` was not refused: the stop waited out its timeout for that very turn, its pool then raised
+    ``cannot join current thread`` before the journal and the scheduler stopped (their threads alive, the
+    journal's flock held: no new Gateway could adopt the DMs queued behind), and the owner's reply became
+    ambiguous. Now it is refused as a runner's is, and the owner's reply and the queued DMs go through."""
+    errors: list[BaseException] = []
+    holder: dict[str, Gateway] = {}
+
+    def behave(turn: Turn) -> str:
+        if body_of(turn.content) == "stop yourself":
+            try:
+                holder["gw"].stop(timeout=3)
+            except BaseException as exc:
+                errors.append(exc)
+        return "still here"
+
+    gw = start_gateway(gateways, root, RecordingRunner())
+    holder["gw"] = gw
+    gw.attach_live_owner("bob", Owner(behave))
+    ids = [send_dm(gw, "stop yourself"), send_dm(gw, "queued behind")]
+    outs = [gw.wait_outcome(key, timeout=10) for key in ids]
+    assert [(o["status"], o["reply"]) for o in outs] == [("replied", "still here")] * 2
+    assert len(errors) == 1 and isinstance(errors[0], RuntimeError), errors
+    assert "from inside one of its own turns" in str(errors[0]) and "another thread" in str(errors[0])
+    assert gw.running  # the refused stop changed nothing
+    gw.stop()
+    assert not gw.running
+
+
 def test_detach_with_dms_queued_sends_them_to_the_runner(root: Path, gateways: list[Gateway]) -> None:
     release, entered = threading.Event(), threading.Event()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,33 @@ def test_the_plan_gives_each_journaled_delivery_one_fate(state: dict[str, Any], 
     assert fates == {fate: [key] if fate == expected else [] for fate in fates}, fates
     if expected == "reoffer":
         assert plan.reoffer[0].origin == "recovered"  # a wake would stay a wake (test_wake.py)
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {},  # acked and handed to the transport: no record says whether it sent it
+        {"started": 1},
+        {"started": 1, "live": True},  # a planted live mark never makes the mailbox judge it
+    ],
+)
+@pytest.mark.parametrize("idempotent_runner", [False, True])
+def test_a_peer_dm_without_an_outcome_is_ambiguous_never_reoffered(
+    state: dict[str, Any], idempotent_runner: bool
+) -> None:
+    """Regression (acklost ``peerkill.py``): a ``bot_peers`` DM is journaled (origin ``peer``, no local target)
+    before its ack; the next start settles one without an outcome ``ambiguous``, as a clean stop does, and never
+    re-offers it: re-offered it would run here, on no profile (or be sent to the peer a second time: the
+    transport does not dedupe by delivery id)."""
+    delivery = replace(_delivery(), target="", target_handle="", origin="peer", label="@bob on peer 'mini'")
+    key = delivery.delivery_id
+    asked: list[str] = []
+    plan = plan_recovery({key: DeliveryState(**{"delivery": delivery_record(delivery), **state})},
+                         idempotent_runner=idempotent_runner, live_record=lambda d: asked.append(key) or None)
+    assert _judged(plan) == {"ambiguous": ["ambiguous"], "reoffer": [], "replied": [], "failed": []}
+    ((_, outcome),) = plan.ambiguous
+    assert outcome.error.startswith("The gateway stopped or crashed while the peer transport was delivering it.")
+    assert asked == []
 
 
 @pytest.mark.parametrize(("runs_apart", "why"), [

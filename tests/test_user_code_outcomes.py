@@ -353,6 +353,72 @@ def test_a_peer_dm_under_way_when_the_gateway_stops_is_journaled_ambiguous(tmp_p
         transport.release.set()
 
 
+def test_a_peer_dm_under_way_at_a_kill_9_is_on_disk_from_its_ack_and_the_next_start_settles_it_ambiguous(
+    tmp_path: Path,
+) -> None:
+    """Regression (acklost ``peerkill.py``, 20/20): a durable gateway acked a peer DM ``queued`` with nothing
+    journaled (its ``finished`` record came only with its outcome), so a ``kill -9`` while the transport
+    delivered it left no trace: after the restart ``wait_outcome`` raised ``KeyError`` ("never acked on this
+    root") and ``hermes-actors outcome`` said unknown. Now its ``accepted`` record is on disk before the ack;
+    the next start settles it ``ambiguous`` (the transport had it), never sends it again.
+
+    The kill is the journal's files as they are while the transport still delivers: copied to a fresh root,
+    which is what a ``kill -9`` at that moment leaves (the record was fsync'd before the ack)."""
+    import shutil
+
+    from hermes_actors.ops.journal_view import find_outcome
+
+    root, crashed = make_root(tmp_path / "live"), make_root(tmp_path / "crashed")
+    transport = BlockingPeerTransport()
+    try:
+        with Gateway(root, runner=RecordingRunner(), config={"bot_peers": {"mini": {}}},
+                     peer_transport=transport) as gw:
+            key = send_dm(gw, "to the peer", target="mini/bob")
+            assert transport.started.wait(WAIT)
+            shutil.copytree(root / "bot_relay" / "journal", crashed / "bot_relay" / "journal")
+            gw.stop(timeout=0.2)
+        assert find_outcome(crashed, key)["status"] == "pending", find_outcome(crashed, key)
+        again_transport = BlockingPeerTransport()
+        again_transport.release.set()
+        with Gateway(crashed, runner=RecordingRunner(), config={"bot_peers": {"mini": {}}},
+                     peer_transport=again_transport) as again:
+            out = again.wait_outcome(key, timeout=WAIT)
+            assert again.recovered["ambiguous"] == 1, again.recovered
+        assert (out["status"], out["retryable"]) == ("ambiguous", False), out
+        assert "peer transport" in out["error"], out
+        assert not again_transport.started.is_set()  # never sent a second time
+        assert find_outcome(crashed, key)["status"] == "ambiguous"
+    finally:
+        transport.release.set()
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_peer_dm_is_handed_to_its_transport_once_accepted_unless_the_stop_began(stopping: bool) -> None:
+    """A peer DM's acceptance lands (its ``accepted`` record on disk, in durable mode; at once without a journal)
+    and it goes to the transport, booked; one whose acceptance lands once the stop began is settled ``cancelled``
+    (NOT delivered) and never handed over: the stop counted the peer DMs under way before it landed, so handed
+    over it would have been settled ``cancelled`` while its transport delivered it."""
+    from hermes_actors.local.durability import NoDurability
+    from hermes_actors.local.outcome_book import OutcomeBook
+    from hermes_actors.local.remote_sends import RemoteSends
+
+    submitted: list[str] = []
+    settled: list[Outcome] = []
+    book = OutcomeBook()
+    sends = RemoteSends(dispatcher=None, relay=None, book=book, counters={"accepted": 0},  # type: ignore[arg-type]
+                        peer_submit=lambda delivery, route, report: submitted.append(delivery.delivery_id),
+                        durability=NoDurability(), settle=settled.append, stopping=lambda: stopping)
+    delivery = Delivery("d" * 32, "alice", "alice", "", "", "hi", label="@bob on peer 'mini'")
+    ack = sends.to_peer(PeerRoute(None, "mini", "bob", "hi", {}), delivery)  # type: ignore[arg-type]
+    assert isinstance(ack, dict) and ack["status"] == "queued", ack
+    entry = book.entry(delivery.delivery_id)
+    assert entry is not None and entry.route == "peer" and entry.delivery.origin == "peer"
+    if stopping:
+        assert submitted == [] and [(o.status, o.reason) for o in settled] == [("failed", "cancelled")], settled
+    else:
+        assert submitted == [delivery.delivery_id] and settled == []
+
+
 # ── the pure decisions ──────────────────────────────────────────────────────
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import fields
 from typing import Any, get_args
 
@@ -15,7 +16,7 @@ from hermes_actors.core.targets import dm_body, message_length_problem, text_pro
 from hermes_actors.core.wake import WAKE_ORIGIN, wake_text_problem
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Delivery, Outcome, PendingAck
-from hermes_actors.records import BOT_CHAT_SESSION, RELAY_ORIGIN, Origin, outcome_status
+from hermes_actors.records import BOT_CHAT_SESSION, PEER_ORIGIN, RELAY_ORIGIN, Origin, outcome_status
 from hermes_actors.store.relay_protocol import envelope_message_problem
 
 __all__ = [
@@ -66,12 +67,16 @@ def ack_payload(delivery_id: str, label: str, *, now: float, live_owner: bool = 
 def resolve_ack(answer: Any, *, timeout: float) -> dict[str, Any]:
     """The ack dict from a SendRequest answer (waiting for the journal in durable mode).
 
+    A PendingAck may be answered with another one (the relay does not reach a ``bot_peers`` peer: the peer DM's
+    own ack then waits for its ``accepted`` record); ``timeout`` bounds the whole wait.
+
     Raises:
         TypeError: the answer is neither a dict nor a PendingAck.
     """
-    if isinstance(answer, PendingAck):
+    deadline = time.monotonic() + timeout
+    while isinstance(answer, PendingAck):
         try:
-            answer = answer.future.get(timeout=timeout)
+            answer = answer.future.get(timeout=max(0.0, deadline - time.monotonic()))
         except pykka.Timeout:
             return {
                 "error": f"{answer.waiting_for} did not confirm within {timeout}s; the message was NOT queued.",
@@ -159,11 +164,12 @@ def delivery_problem(record: Any, delivery_id: str | None = None) -> str | None:
     The journal is a file on disk: a corrupt or planted line must not run a turn with a delivery id of
     ``../../x`` or a target of ``../etc``. Each field is held to what the live path gives it: the id to
     :func:`hermes_actors.core.ids.is_delivery_id` (and to the record's own ``id``), profile names to the
-    handle grammar, the texts to valid UTF-8, ``content`` to the length its origin's live path allows
-    (a DM's message to 16,000 characters: :func:`_content_length_problem`), ``hop`` a non-negative int,
-    ``accepted_at`` a finite number, ``origin`` one of :data:`hermes_actors.records.Origin`, ``wake`` a bool or
-    None, and ``session`` to :data:`~hermes_actors.records.BOT_CHAT_SESSION` (or absent): the only session a
-    journaled DM runs in
+    handle grammar (the target may be blank for a ``bot_peers`` DM, origin ``peer``: recovery never runs one
+    here, :func:`~hermes_actors.core.recovery.plan_recovery`), the texts to valid UTF-8, ``content`` to the length
+    its origin's live path allows (a DM's message to 16,000 characters: :func:`_content_length_problem`), ``hop`` a
+    non-negative int, ``accepted_at`` a finite number, ``origin`` one of :data:`hermes_actors.records.Origin`,
+    ``wake`` a bool or None, and ``session`` to :data:`~hermes_actors.records.BOT_CHAT_SESSION` (or absent): the
+    only session a journaled DM runs in
     (``message_agent`` is refused in any other, a DM never takes its caller's title, and a room's member
     turns, ``Group: <name>``, are never journaled). A runner passes the session as the title of the
     session the turn posts into (``-c <title>``): a foreign record must not pick that session.
@@ -182,9 +188,10 @@ def delivery_problem(record: Any, delivery_id: str | None = None) -> str | None:
         return f"delivery_id {key!r} is not 32 lowercase hex characters"
     if delivery_id is not None and key != delivery_id:
         return f"delivery_id {key!r} differs from the record's id {delivery_id!r}"
+    peer = record.get("origin") == PEER_ORIGIN  # a bot_peers DM has no local target: never run here
     checks = (
-        _name_problem("target", record.get("target"), blank_ok=False),
-        _name_problem("target_handle", record.get("target_handle"), blank_ok=False),
+        _name_problem("target", record.get("target"), blank_ok=peer),
+        _name_problem("target_handle", record.get("target_handle"), blank_ok=peer),
         _name_problem("sender", record.get("sender"), blank_ok=True),  # "": a wake for a remote DM's sender
         *(_text_field_problem(name, record[name]) for name in _TEXT_FIELDS if name in record),
     )

@@ -10,7 +10,7 @@ from hermes_actors.core import outcomes
 from hermes_actors.core.acks import delivery_from_record, outcome_from_record
 from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.wake import WAKE_ORIGIN, is_wake
-from hermes_actors.messages import RELAY_ORIGIN, Delivery, Outcome
+from hermes_actors.messages import PEER_ORIGIN, RELAY_ORIGIN, Delivery, Outcome
 from hermes_actors.store.journal_records import delivery_origin
 
 __all__ = [
@@ -33,7 +33,8 @@ class RecoveryPlan:
 
     - ``known``: settled and delivered before; only remembered for ``wait_outcome``.
     - ``redeliver``: finished but the sender may not have seen it; publish it again.
-    - ``ambiguous``: started, never finished: may have run; report "do not resend".
+    - ``ambiguous``: started, never finished: may have run; report "do not resend". So is a ``bot_peers`` DM
+      without an outcome (origin ``peer``): handed to the peer transport as it was acked, it may have been sent.
     - ``reoffer``: accepted, never started (or a wake that provably never reached its bot): run it now,
       same delivery id.
     """
@@ -136,6 +137,9 @@ _HOST_STOPPED_MID_WARM_TURN = ("The gateway (hermes-actors serve, or the process
                                "during the turn, which the hermes gateway ran in its own process: hermes may still "
                                "have answered it.")
 _RUNNING_AT_STOP = "The turn was still running when the gateway stopped."
+# A bot_peers DM the previous run acked (journaled) and never settled: its peer transport had it (a clean stop
+# settles one still under way ``ambiguous`` too, ``_RUNNING_AT_STOP``); it is never sent a second time
+_PEER_LOST = "The gateway stopped or crashed while the peer transport was delivering it."
 # A turn process of ours (the hermes CLI, a command) the stop ends: the words of a timed-out one it ended
 _ENDED_AT_STOP = ("The turn was still running when the gateway stopped and was stopped with it; it may have been "
                   "partly done.")
@@ -227,7 +231,10 @@ def plan_recovery(
     :func:`owner_outcome` from its live-delivery mailbox record (``live_record``): a
     ``settled`` or ``failed`` record is that turn's real result, anything else is
     ambiguous, and it is never re-offered (not even for an idempotent runner: the owner is
-    not the runner). The mailbox is asked about no other DM: a planted record cannot make
+    not the runner). A ``bot_peers`` DM (origin ``peer``) without an outcome is ambiguous, never
+    re-offered: its transport had it from its ack on (no record says whether it sent it), and the
+    transport is not idempotent by delivery id (``hermes peer dm`` has no id to dedupe by). The mailbox
+    is asked about no other DM: a planted record cannot make
     a runner's turn run twice.
     """
     plan = RecoveryPlan()
@@ -241,7 +248,9 @@ def plan_recovery(
         if state.delivery is None:
             continue  # a torn record without its acceptance: nothing was acked
         delivery = delivery_from_record(state.delivery, key)
-        if state.started and state.live:
+        if delivery.origin == PEER_ORIGIN:
+            plan.ambiguous.append((delivery, outcomes.ambiguous(key, delivery.label, _PEER_LOST)))
+        elif state.started and state.live:
             outcome = owner_outcome(delivery, live_record(delivery) if live_record is not None else None)
             if outcome.status == "ambiguous":
                 plan.ambiguous.append((delivery, outcome))

@@ -19,7 +19,8 @@ __all__ = ["Lifecycle", "refuse_stop_in_own_turn"]
 
 
 def refuse_stop_in_own_turn(system: ActorSystem | None) -> None:
-    """Refuse a ``Gateway.stop()`` called from inside one of the gateway's own turns (its runner).
+    """Refuse a ``Gateway.stop()`` called from inside one of the gateway's own turns (its runner's or its live
+    owner's: ``local.turns.running_turn_of`` marks both).
 
     Args:
         system: the gateway's system (None: not started).

@@ -64,6 +64,11 @@ class SendsInFlight:
     def await_all(self, timeout: float) -> None:
         """Let the calls that began before now hand their DM over (a few µs each).
 
+        Only those: a call that begins after this one began sees the stop (or the failure) and is refused,
+        so it is not waited for. Before, the set had to be empty: senders that kept retrying (a server loop
+        resending on each ``RuntimeError``) kept it full, and a stop waited out ``timeout`` (30 s) for calls
+        that would only be refused.
+
         Only a call that waits for a stalled journal commit takes longer; ``timeout`` bounds that
         wait (then a warning says how many are still in flight).
 
@@ -72,8 +77,12 @@ class SendsInFlight:
         """
         deadline = time.monotonic() + timeout
         delays = doubling(0.0001, 0.02)
-        while self._calls:  # no event to wait on: the senders take no lock, by design
+        earlier = self._calls.copy()  # one C call under the GIL: the senders' add/discard never tear it
+        while earlier:  # no event to wait on: the senders take no lock, by design
+            earlier.intersection_update(self._calls)  # those still in flight (likewise one C call)
+            if not earlier:
+                return
             if time.monotonic() >= deadline:
-                logger.warning("{} message_agent call(s) still in flight after {:g}s", len(self._calls), timeout)
+                logger.warning("{} message_agent call(s) still in flight after {:g}s", len(earlier), timeout)
                 return
             time.sleep(next(delays))

@@ -127,11 +127,8 @@ def shut_down(
         # daemon thread the stop leaves behind, and a job queued behind it finds its turn given up on (WindDown,
         # the timeout) and returns without calling the runner or the owner: no turn starts after the stop. A stop
         # that was not clean waits for the workers until its own deadline.
-        pool.shutdown(timeout=0.0 if settled else max(0.0, deadline - time.monotonic()))
-        if system.journal is not None:
-            system.journal.stop()
-        if system.scheduler is not None:
-            system.scheduler.stop()
+        pool_wait = 0.0 if settled else max(0.0, deadline - time.monotonic())
+        _each_step(("the worker pool", lambda: pool.shutdown(timeout=pool_wait)), *_last_steps(system))
     return Stopped(final, interrupts[0] if interrupts else None)
 
 
@@ -187,12 +184,49 @@ def teardown(system: ActorSystem) -> None:
     if system.bridge is not None:
         system.bridge.stop()
     _stop_actors(system)
-    if system.pool is not None:
-        system.pool.shutdown(timeout=5)
-    if system.scheduler is not None:
-        system.scheduler.stop()
+    pool = system.pool
+    pool_step: tuple[Step, ...] = () if pool is None else (("the worker pool", lambda: pool.shutdown(timeout=5)),)
+    _each_step(*pool_step, *_last_steps(system))
+
+
+Step = tuple[str, Callable[[], object]]  # (what it stops, for the log; the call)
+
+
+def _last_steps(system: ActorSystem) -> tuple[Step, ...]:
+    """The steps that end a system's own threads once its pool is down: the journal's writer (and its flock on
+    the journal) and the scheduler's timer thread."""
+    steps: list[Step] = []
     if system.journal is not None:
-        system.journal.stop()
+        steps.append(("the delivery journal", system.journal.stop))
+    if system.scheduler is not None:
+        steps.append(("the scheduler", system.scheduler.stop))
+    return tuple(steps)
+
+
+def _each_step(*steps: Step) -> None:
+    """Run every step of a stop, in order: one that raises never skips the next ones.
+
+    Before, the worker pool's shutdown raising (``cannot join current thread``) skipped the journal's and the
+    scheduler's stops: their threads stayed alive, the journal's flock held, and no new Gateway on the root
+    could adopt its journal. An error is logged with what failed; a ``KeyboardInterrupt`` or ``SystemExit`` is
+    raised once every step ran.
+
+    Args:
+        steps: ``(what it stops, the call)`` pairs.
+
+    Raises:
+        KeyboardInterrupt: raised by a step (after every step ran); ``SystemExit`` likewise.
+    """
+    interrupt: BaseException | None = None
+    for name, step in steps:
+        try:
+            step()
+        except (KeyboardInterrupt, SystemExit) as exc:
+            interrupt = interrupt or exc
+        except BaseException:
+            logger.exception("stop: stopping {} failed; the stop goes on with the rest", name)
+    if interrupt is not None:
+        raise interrupt
 
 
 def _stop_actors(system: ActorSystem, *, notifier_busy: bool = False) -> None:

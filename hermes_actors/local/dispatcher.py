@@ -176,7 +176,8 @@ class DispatcherActor(SupervisorActor):
         self.intake = LocalIntake(book=self.book, profiles=self.profiles, durability=self.durability, flow=self.flow,
                                   counters=self.counters, gauge=gauge)
         self.remote = RemoteSends(dispatcher=self.actor_ref, relay=self.relay, book=self.book, counters=self.counters,
-                                  peer_submit=peer_submit)
+                                  peer_submit=peer_submit, durability=self.durability, settle=self.flow.settle,
+                                  stopping=lambda: not self.accepting)
 
     # ── turns ask back through us ───────────────────────────────────────────
 

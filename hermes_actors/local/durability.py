@@ -577,10 +577,10 @@ class JournalDurability:
 
         Both records go in one batch; ``JournalDurable`` hands the token back once they, and
         everything journaled before them, are on disk, or held to be written again when they
-        failed (:meth:`hold`). Refused, only ``wait_outcome`` after a restart misses a peer DM's:
-        nothing would ever settle a peer DM again; a retry of a relayed-in DM's envelope after a
-        restart is then not answered from it (``ambiguous`` from the ``started`` record its turn
-        journaled; run, had its turn not started).
+        failed (:meth:`hold`). Refused, ``wait_outcome`` after a restart misses a peer DM's: the next
+        start settles it ``ambiguous`` from its ``accepted`` record (origin ``peer``); a retry of a
+        relayed-in DM's envelope after a restart is then not answered from it (``ambiguous`` from the
+        ``started`` record its turn journaled; run, had its turn not started).
         """
         try:
             self._append_outcome("relayed-in" if relayed_in else "kept", outcome)

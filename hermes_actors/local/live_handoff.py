@@ -43,7 +43,7 @@ from hermes_actors.core.outcomes import AMBIGUOUS_TAIL
 from hermes_actors.errors import HostileFileError, StoreError, TurnFailed, ValidationError
 from hermes_actors.faults import crashpoint
 from hermes_actors.local.runners import TurnRunner, checked_reply
-from hermes_actors.local.turns import TurnGate, describe_error, never_ran, not_begun, turn_failed
+from hermes_actors.local.turns import TurnGate, describe_error, never_ran, not_begun, running_turn_of, turn_failed
 from hermes_actors.messages import Delivery, Outcome, Turn, TurnFinished
 from hermes_actors.store.atomic import atomic_write_json, create_exclusive_json, read_json_file
 from hermes_actors.store.journal import StartRecorder
@@ -332,7 +332,8 @@ def hand_to_owner(
         return _from_record(key, box.read(key) or record)
     try:
         # the check every runner's reply goes through: None (or any non-str) is the owner failing, never 'None'
-        reply = checked_reply(owner.run_turn(turn), owner, "live owner")
+        with running_turn_of(make_turn):  # a Gateway.stop() from the owner's turn is refused, as from a runner's
+            reply = checked_reply(owner.run_turn(turn), owner, "live owner")
     except TurnFailed as exc:  # the rule a runner's TurnFailed follows: ambiguous=True is "do not resend"
         result = turn_failed(key, exc)
         _record_quietly(box, key, "ambiguous" if result.ambiguous else "failed", error=result.error,

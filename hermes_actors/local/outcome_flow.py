@@ -127,8 +127,9 @@ class OutcomeFlow:
             self._write_late_held()
             return
         if entry is not None and entry.route == "peer":
-            # Journaled for wait_outcome after a restart, but published now: no record of it would ever
-            # settle a peer DM again, so held back it could be lost for good. Its finished and delivered
+            # Journaled for wait_outcome after a restart, but published now: held back, a stop with its record
+            # unwritten would leave only its accepted record, which the next start settles ambiguous, for a DM
+            # whose answer came (its transport is not asked again). Its finished and delivered
             # records go in one batch (kept); the wake its outcome starts journals its own record alone.
             self.publish(outcome)
             self.durability.finished(outcome)

@@ -3,23 +3,37 @@
 :class:`RemoteSends` is owned by the DispatcherActor and used on its thread. A relay
 send is answered later (``RelayAccepted``, never waited for here); a peer DM the relay
 does not reach goes to the peer transport, off this thread, and its outcome comes back
-as ``OutcomeReady``. Each one is booked pending under the id its outcome will carry.
+as ``OutcomeReady``. Each one is booked pending under the id its outcome will carry. A peer
+DM is accepted as a local DM is (:meth:`Durability.accept`): in durable mode its ``accepted``
+record (origin ``peer``) is on disk before its ack and before the transport has it, so a crash
+while the transport delivers it leaves a record the next start settles (``ambiguous``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pykka
 from loguru import logger
 
 from actors import tell
+from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload
 from hermes_actors.core.targets import PeerRoute, Refusal, RelayRoute
+from hermes_actors.local.durability import Durability
 from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
 from hermes_actors.local.relay_link import RelayLink
-from hermes_actors.messages import Delivery, Outcome, OutcomeReady, PendingAck, RelayAccepted, RelayResumed
+from hermes_actors.messages import (
+    PEER_ORIGIN,
+    Delivery,
+    Outcome,
+    OutcomeReady,
+    PendingAck,
+    RelayAccepted,
+    RelayResumed,
+)
 
 __all__ = ["PeerSubmit", "RemoteSends"]
 
@@ -43,6 +57,10 @@ class RemoteSends:
         book: the Dispatcher's OutcomeBook.
         counters: the Dispatcher's counters (``accepted`` is counted here).
         peer_submit: runs a peer delivery off-actor (None: no peer transport on this gateway).
+        durability: the Dispatcher's durability strategy (a peer DM's acceptance is journaled before its ack).
+        settle: settles an outcome (``OutcomeFlow.settle``): a peer DM whose acceptance landed once the stop
+            began is ``cancelled``, never handed to the transport.
+        stopping: whether the Dispatcher stopped accepting.
     """
 
     def __init__(
@@ -53,12 +71,18 @@ class RemoteSends:
         book: OutcomeBook,
         counters: dict[str, int],
         peer_submit: PeerSubmit | None,
+        durability: Durability,
+        settle: Callable[[Outcome], None],
+        stopping: Callable[[], bool],
     ) -> None:
         self.dispatcher = dispatcher
         self.relay = relay
         self.book = book
         self.counters = counters
         self.peer_submit = peer_submit
+        self.durability = durability
+        self.settle = settle
+        self.stopping = stopping
 
     def send(self, route: RelayRoute | PeerRoute, delivery: Delivery) -> dict[str, Any] | PendingAck:
         """Send an admitted DM to the relay or a peer; the ack (or refusal), or the PendingAck the relay answers."""
@@ -66,17 +90,35 @@ class RemoteSends:
             return self.relay.send_to_peer(route, delivery) or self.to_peer(route, delivery)
         return self.relay.send(route, delivery)
 
-    def to_peer(self, route: PeerRoute, delivery: Delivery) -> dict[str, Any]:
-        """Hand a ``bot_peers`` DM to the peer transport (off this thread); answers the ack or refusal."""
+    def to_peer(self, route: PeerRoute, delivery: Delivery) -> dict[str, Any] | PendingAck:
+        """Hand a ``bot_peers`` DM to the peer transport (off this thread), once accepted.
+
+        Accepted as a local DM is (:meth:`Durability.accept`): in durable mode its ``accepted`` record
+        (origin ``peer``) is on disk before the ack and before the transport has it. Before, nothing was
+        journaled until its outcome: a ``kill -9`` while the transport delivered it left no trace, and after
+        the restart ``wait_outcome`` raised ``KeyError`` for a DM that had been acked ``queued``.
+
+        Returns:
+            The ack, the refusal (no peer transport; or the journal refused the record), or the PendingAck
+            answered once its ``accepted`` record is on disk.
+        """
         if self.peer_submit is None:
             return Refusal(
                 f"Peer delivery to {route.label} is not available on this gateway.", "runtime_offline"
             ).as_dict()
-        self.book.add(delivery.delivery_id, Pending(delivery, "peer"))
-        me = self.dispatcher
-        self.peer_submit(delivery, route, lambda outcome: _report_peer_outcome(me, outcome))
-        self.counters["accepted"] += 1
-        return ack_payload(delivery.delivery_id, route.label, now=delivery.accepted_at)
+        submit, me = self.peer_submit, self.dispatcher
+        delivery = replace(delivery, origin=PEER_ORIGIN)  # so journaled: the next start never runs it here
+        key = delivery.delivery_id
+
+        def proceed() -> None:
+            self.book.add(key, Pending(delivery, "peer"))
+            self.counters["accepted"] += 1
+            if self.stopping():  # its record landed as the stop began: never handed over, so NOT delivered
+                self.settle(outcomes.cancelled(key, delivery.label))
+                return
+            submit(delivery, route, lambda outcome: _report_peer_outcome(me, outcome))
+
+        return self.durability.accept(delivery, ack_payload(key, route.label, now=delivery.accepted_at), proceed)
 
     def landed(self, msg: RelayAccepted) -> None:
         """The relay answered a send: book it, and release the caller's ack."""
@@ -90,8 +132,9 @@ class RemoteSends:
         ack = msg.ack
         if ack is None:  # the relay does not reach this peer: the peer transport carries it
             assert isinstance(route, PeerRoute)
-            ack = self.to_peer(route, delivery)
-        elif "delivery_id" in ack:  # booked under the envelope's id: the relay reports its outcome by it
+            future.set(self.to_peer(route, delivery))  # its ack, or a PendingAck resolve_ack waits for too
+            return
+        if "delivery_id" in ack:  # booked under the envelope's id: the relay reports its outcome by it
             if not self.book.has_outcome(ack["delivery_id"]):  # its reply may have beaten this ack here
                 self.book.add(ack["delivery_id"], Pending(delivery, "relay"))
             self.counters["accepted"] += 1

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -70,6 +71,7 @@ __all__ = [
     "not_begun",
     "not_recorded",
     "retry_allowed",
+    "running_turn_of",
     "turn_factory_here",
     "turn_failed",
     "turn_for",
@@ -148,6 +150,25 @@ def turn_factory_here() -> object | None:
     that very turn. The factory, not the runner, names the gateway: gateways may share a runner.
     """
     return getattr(_running, "factory", None)
+
+
+@contextmanager
+def running_turn_of(make_turn: object) -> Iterator[None]:
+    """Mark the calling thread as running a turn of the gateway whose turn factory is ``make_turn``.
+
+    The one marker :func:`turn_factory_here` reads, set around a runner's turn (:func:`execute_turn`)
+    and a live owner's (``live_handoff.hand_to_owner``) alike: a ``Gateway.stop()`` from inside either
+    is refused. Before, only a runner's turn set it: an owner that stopped the gateway from its turn
+    left the stop waiting for that very turn, then half-done (its pool joining the current thread).
+
+    Args:
+        make_turn: the gateway's turn factory.
+    """
+    outer, _running.factory = getattr(_running, "factory", None), make_turn
+    try:
+        yield
+    finally:
+        _running.factory = outer
 
 
 def turn_failed(delivery_id: str, exc: TurnFailed) -> TurnFinished:
@@ -592,12 +613,9 @@ def execute_turn(
     Returns:
         The result for the ProfileActor; ``reply`` is the raw runner value.
     """
-    outer, _running.factory = getattr(_running, "factory", None), make_turn
-    try:
+    with running_turn_of(make_turn):
         return _execute_turn(delivery, runner=runner, lock=lock, lock_deadline=lock_deadline, make_turn=make_turn,
                              journal=journal, held=held, gate=gate)
-    finally:
-        _running.factory = outer
 
 
 def _execute_turn(

@@ -53,7 +53,7 @@ from hermes_actors.core.outcomes import shown_sender
 from hermes_actors.core.shell import shell_command
 from hermes_actors.core.wake import WAKE_ORIGIN, shown_route
 from hermes_actors.hermes.warm_or_cli import turns_in_hermes
-from hermes_actors.messages import RELAY_ORIGIN
+from hermes_actors.messages import PEER_ORIGIN, RELAY_ORIGIN
 from hermes_actors.ops.doctor_checks import check_redis
 from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.ops.remote_roster import RemoteRoster, read_remote_roster
@@ -304,6 +304,13 @@ def _transport(raw: dict[str, Any]) -> str:
         return "invalid"
 
 
+def _journaled_route(origin: str | None) -> str:
+    """Pure: the route of a DM a journal holds without an outcome, by its origin: ``relay-in`` (relayed in),
+    ``peer`` (handed to the ``bot_peers`` transport: it has no local profile), else ``local``."""
+    if origin == RELAY_ORIGIN:
+        return "relay-in"
+    return "peer" if origin == PEER_ORIGIN else "local"
+
 def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]:
     """The status of ``root`` read from its files (no gateway answers). Never raises for a readable root.
 
@@ -346,7 +353,7 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
             sender = shown_sender(str(d.get("sender") or ""), str(d.get("sender_handle") or ""))
             pending.append({"delivery_id": key, "sender": sender, "target": d.get("label") or profile,
                             "profile": profile,
-                            "route": shown_route("relay-in" if origin == RELAY_ORIGIN else "local", str(origin)),
+                            "route": shown_route(_journaled_route(origin), str(origin)),
                             "accepted_at": d.get("accepted_at"),
                             "started": state.started > 0})
     profiles = _profile_dicts(root)
