@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -192,9 +194,74 @@ def test_a_redis_guarded_runner_is_named_by_the_runner_it_wraps_when_its_reply_i
                              heartbeat_seconds=1, prefix="hermes", block_ms=200, connection_label="")
     guarded = ClaimGuard(settings).wrap(RawReply(None))  # a local DM: nothing is claimed, Redis is never asked
     result, may_retry = attempt_turn(guarded, turn())
-    assert (result.reply, result.error, result.reason) == (None, "runner RawReply() returned NoneType, expected str",
+    assert (result.reply, result.error, result.reason) == (None, "runner RawReply returned NoneType, expected str",
                                                            "unknown")
-    assert may_retry  # a failure like any runner error: the policy decides (unknown: no retry)
+    assert not may_retry  # unknown, never retried
+
+
+@dataclass
+class ApiBot:
+    """A runner whose repr holds a secret, a 5 KB prompt and the words a provider error holds."""
+
+    api_key: str = "sk-live-SECRET123"
+    system_prompt: str = "x" * 5000
+    rate_limit: int = 5
+    timeout: float = 600
+
+    def run_turn(self, t: Turn) -> Any:
+        return None
+
+
+def rate_limited_reply(t: Turn) -> Any:
+    return None
+
+
+def _named(name: str) -> Any:
+    """An instance of a class called ``name``."""
+    return type(name, (), {})()
+
+
+def _wraps(inner: Any) -> Any:
+    @functools.wraps(inner)
+    def wrapper(t: Turn) -> Any:
+        return inner(t)
+
+    return wrapper
+
+
+@pytest.mark.parametrize(("source", "name"), [
+    (ApiBot(), "ApiBot"),
+    (CommandRunner(cli=sys.executable, timeout=600), "CommandRunner"),
+    (rate_limited_reply, "rate_limited_reply"),
+    (lambda t: None, "<lambda>"),
+    (ApiBot().run_turn, "ApiBot.run_turn"),
+    (ApiBot, "ApiBot"),
+    (_wraps(rate_limited_reply), "rate_limited_reply"),
+    (_named("Bot" * 100), ("Bot" * 27)[:79] + "…"),
+], ids=["object", "command-runner", "function", "lambda", "method", "class", "wrapped", "long-type-name"])
+def test_a_runner_is_named_by_its_qualified_name_never_its_repr(source: Any, name: str) -> None:
+    assert runners.runner_name(source).rsplit(".<locals>.", 1)[-1] == name
+
+
+@pytest.mark.parametrize("runner", [
+    ApiBot(), CallableRunner(rate_limited_reply), CallableRunner(ApiBot().run_turn, blocking=False),
+    CommandRunner(cli="/x/hermes", timeout=600),
+], ids=["object", "callable", "callable-method", "command-runner-repr"])
+def test_a_reply_that_is_not_a_str_fails_unknown_never_classified_from_the_runner_s_name(
+    runner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (review): the error's text, holding the runner's whole repr, was classified: a runner whose repr
+    held ``rate_limit`` failed ``provider_rate_limit`` (retryable, its turn run twice), ``timeout`` or
+    ``CommandRunner(cli='/x/hermes', timeout=600)`` ``delivery_timeout``; an ``api_key`` field and a 5 KB prompt
+    went into the outcome, the journal and the CLI. The failure is ``unknown`` (never retried), the runner named
+    by its qualified name."""
+    if isinstance(runner, CommandRunner):
+        monkeypatch.setattr(CommandRunner, "run_turn", lambda self, t: None)
+    result, may_retry = attempt_turn(runner, turn())
+    assert (result.reply, result.reason, may_retry) == (None, "unknown", False), result
+    named = {ApiBot: "ApiBot", CommandRunner: "CommandRunner"}.get(type(runner))
+    assert result.error == f"runner {named or runners.runner_name(runner.fn)} returned NoneType, expected str"
+    assert "SECRET" not in result.error and len(result.error) < 200
 
 
 # ── resolve_cli ─────────────────────────────────────────────────────────────
