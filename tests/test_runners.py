@@ -7,8 +7,10 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -525,6 +527,14 @@ def test_timeout_must_be_positive() -> None:
     ({"env": {"": "x"}}, ValueError, "env key '' is not a variable name"),
     ({"env": {"A": "a\0b"}}, ValueError, "env['A'] holds a NUL character"),
     ({"env": "A=1"}, TypeError, "env must be a dict of variable names to str values, not str"),
+    ({"env": [("A", "1")]}, TypeError, "env must be a dict of variable names to str values, not list: str keys, str "
+                                       "values ({'LANG': 'C.UTF-8'}); pass dict(pairs)"),
+    ({"env": {b"A": "1"}}, TypeError, "env key b'A' must be a str (a variable name), not bytes; decode it: "
+                                      "os.fsdecode(key)"),
+    ({"env": {"A": b"1"}}, TypeError, "env['A'] must be a str, not bytes (b'1'); decode it: os.fsdecode(value)"),
+    ({"timeout": "inf"}, TypeError, "timeout must be a number of seconds above 0, not str ('inf')"),
+    ({"timeout": Decimal("-1")}, ValueError, "timeout must be > 0 seconds, got Decimal('-1')"),
+    ({"timeout": Decimal("NaN")}, ValueError, "timeout must be > 0 seconds, got Decimal('NaN')"),
 ])
 def test_bad_timeout_or_env_is_refused_by_the_constructor_naming_it(kwargs: dict[str, Any], error: type[Exception],
                                                                     needle: str) -> None:
@@ -534,6 +544,18 @@ def test_bad_timeout_or_env_is_refused_by_the_constructor_naming_it(kwargs: dict
     with pytest.raises(error) as caught:
         CommandRunner("/bin/true", **kwargs)
     assert needle in str(caught.value)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: 5, lambda: 5.0, lambda: Decimal("5"), lambda: Fraction(5),
+    lambda: pytest.importorskip("numpy").int64(5), lambda: pytest.importorskip("numpy").float64(5),
+], ids=["int", "float", "Decimal", "Fraction", "np.int64", "np.float64"])
+def test_a_timeout_is_any_real_number_of_seconds(make: Callable[[], Any]) -> None:
+    """Regression (diff review): ``Decimal("5")``, ``Fraction(5)`` and ``numpy.int64(5)`` were refused as "must be a
+    number of seconds above 0" (they are), while ``numpy.float64(5)`` was taken. Any real number is taken, as a
+    float."""
+    runner = CommandRunner("/bin/true", timeout=make())
+    assert (runner.timeout, type(runner.timeout)) == (5.0, float)
 
 
 def test_an_endless_timeout_is_as_long_as_a_clock_can_count() -> None:
