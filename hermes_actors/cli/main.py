@@ -27,9 +27,9 @@ from hermes_actors.cli.render import (
     EXIT_FAILED,
     EXIT_SIGPIPE,
     EXIT_USAGE,
-    clip,
     not_managed_note,
     printable,
+    roster_table,
 )
 from hermes_actors.cli.send import cmd_send
 from hermes_actors.cli.streams import (
@@ -163,11 +163,7 @@ def _cmd_roster(args: argparse.Namespace) -> int:
         for problem in problems:  # the rows stay the JSON; the note goes where a script's reader looks
             print(f"note: {problem}", file=sys.stderr)
         return 0
-    print(f"{'handle':<20} {'profile':<20} {'title':<20} {'connection':<16} online")
-    for row in rows:
-        online = {True: "yes", False: "no", None: "unknown"}[row["online"]]
-        conn = row["connection_id"] or "local"
-        print(f"@{row['handle']:<19} {row['profile']:<20} {clip(row['title'], 20):<20} {conn:<16} {online}")
+    print(roster_table(rows))
     peers = config.peers
     print(f"peers: {', '.join(peers)}" if peers else "peers: none (list peer gateways under bot_peers in config.yaml)")
     for problem in problems:
