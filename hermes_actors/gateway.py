@@ -108,7 +108,8 @@ class Gateway:
         config: a dict shaped like ``config.yaml``, deep-merged over
             ``<root>/config.yaml``.
         connection_id: this gateway's connection id on a relay (None: local only).
-        workers: the turn worker thread cap: a whole number, 1 or more (threads start as turns need them, up to it).
+        workers: the turn worker thread cap: a whole number, 1 or more (an int, ``numpy.int64``, ``8.0``; never a
+            bool), threads starting as turns need them, up to it.
         cross_process_lock: hold ``bot_relay/locks/<profile>.lock`` for each turn.
         peer_transport: how ``bot_peers`` targets are reached (default: the CLI).
         durable: journal every local delivery before acking it (group commit) and

@@ -314,6 +314,36 @@ def test_roster_shows_peers_and_says_when_the_install_is_not_managed(
     assert "not Bot-Mode-managed" in out and f"hermes-actors enable --root {root}" in out
 
 
+def test_roster_pads_titles_as_they_are_shown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (diff review): `roster` padded a title, then escaped it: `Lead\u202eX` (its bidi override shown as
+    six characters) pushed its connection column five places right of the header's."""
+    root = make_root(tmp_path, {"alice": {"title": "Lead\u202eX"}, "bob": {}})
+    assert main(["roster", "--root", str(root)]) == 0
+    header, *lines = capsys.readouterr().out.split("\npeers:", 1)[0].split("\n")
+    column = header.index("connection")
+    assert "Lead\\u202eX " in lines[[line.startswith("@alice ") for line in lines].index(True)], lines
+    assert [line[column:].split(" ", 1)[0] for line in lines] == ["local"] * len(lines), [header, *lines]
+
+
+_BOT = {"handle": "alice", "profile": "alice", "title": "", "connection_id": None, "online": True}
+
+
+@pytest.mark.parametrize(("fields", "cells"), [
+    ({}, ["@alice", "alice", "", "local", "yes"]),
+    ({"title": "Lead\u202eX"}, ["@alice", "alice", "Lead\\u202eX", "local", "yes"]),
+    ({"title": "t" * 30}, ["@alice", "alice", "t" * 19 + "…", "local", "yes"]),
+    ({"title": "\x1b" * 10}, ["@alice", "alice", ("\\x1b" * 5)[:19] + "…", "local", "yes"]),  # cut as shown
+    ({"handle": "b\x07b", "profile": "p\x07p", "connection_id": "c\x07c", "online": None},
+     ["@b\\x07b", "p\\x07p", "", "c\\x07c", "unknown"]),
+], ids=["plain", "bidi-title", "long-title", "escaped-long-title", "escaped-names"])
+def test_roster_table_pads_each_value_as_shown(fields: dict[str, Any], cells: list[str]) -> None:
+    from hermes_actors.cli.render import roster_table
+
+    header, line = roster_table([{**_BOT, **fields}]).split("\n")
+    assert header == f"{'handle':<20} {'profile':<20} {'title':<20} {'connection':<16} online"
+    assert line == f"{cells[0]:<20} {cells[1]:<20} {cells[2]:<20} {cells[3]:<16} {cells[4]}"
+
+
 def test_send_on_an_unmanaged_install_names_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The refusal is the tool's text for a model ("not Bot-Mode-managed … Do not retry"): a person gets the fix."""
     root = make_root(tmp_path, {"alice": {}, "bob": {}}, managed=False)

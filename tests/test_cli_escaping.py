@@ -4,6 +4,7 @@ escaped (``\\x1b``), never acted on by the terminal, on every line of every comm
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -126,21 +127,90 @@ def test_json_output_stays_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "M\\x7fX\\u202eY\\x1b" in capsys.readouterr().out
 
 
-def test_the_benchmark_progress_bar_draws_as_it_is() -> None:
-    """The bar redraws its line with ``\\r`` and an ESC sequence on purpose: within the command's escaping streams,
-    ``unescaped_output`` writes as it is given."""
-    import io
+def test_the_benchmark_progress_bar_draws_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bar redraws its line with ``\\r`` and an ESC sequence on purpose: `hermes-actors bench` runs the benchmark
+    within ``unescaped_output``, so what it writes reaches the terminal as it is. Regression (diff review): this
+    test called ``unescaped_output`` itself, never the command, so it passed with the wrapper gone from
+    ``_cmd_bench``."""
+    import bench.harness
 
-    from hermes_actors.cli.streams import output_streams, unescaped_output
+    given: list[list[str] | None] = []
 
-    stdout, stderr = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = io.StringIO(), io.StringIO()
+    def draw_the_bar(argv: list[str] | None = None) -> int:  # the benchmark, stubbed: its bar only
+        given.append(argv)
+        sys.stderr.write("\r[###]\x1b[K")
+        return 0
+
+    monkeypatch.setattr(bench.harness, "main", draw_the_bar)
+    assert main(["bench", "--quick"]) == 0
+    assert given == [["--quick"]]
+    assert capsys.readouterr().err == "\r[###]\x1b[K"
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal (the CLI's log lines are then coloured)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _log_a_failure(stderr: io.StringIO) -> str:
+    """What the CLI's log sink writes to ``stderr`` for a WARNING with a traceback, both holding control sequences."""
+    from loguru import logger
+
+    from hermes_actors.cli.main import _enable_logging
+    from hermes_actors.cli.streams import output_streams
+
+    saved = sys.stderr
+    sys.stderr = stderr
     try:
         with output_streams():
-            sys.stderr.write("\r[###]\x1b[K")
-            with unescaped_output():
-                sys.stderr.write("\r[###]\x1b[K")
-        written = sys.stderr.getvalue()  # type: ignore[attr-defined]
+            _enable_logging(0)
+            try:
+                raise RuntimeError("runner failed in /srv/root\x1b]0;pwned\x07")
+            except RuntimeError:
+                logger.opt(exception=True).warning("message with ESC \x1b[2J here")
     finally:
-        sys.stdout, sys.stderr = stdout, stderr
-    assert written == "\\r[###]\\x1b[K\r[###]\x1b[K"
+        sys.stderr = saved
+        logger.remove()
+    return stderr.getvalue()
+
+
+@pytest.mark.parametrize("stderr", [io.StringIO, _Terminal], ids=["plain", "terminal"])
+def test_a_log_line_s_traceback_is_shown_escaped(
+    stderr: type[io.StringIO], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (diff review): the log format escaped the message only: a traceback's last line
+    (``RuntimeError: runner failed in /srv/root^[]0;pwned^G``) set the terminal's title. On a terminal the
+    line's colours stay colours."""
+    monkeypatch.delenv("LOGURU_FORMAT", raising=False)
+    written = _log_a_failure(stderr())
+    assert "\x1b]0;pwned" not in written and "\x1b[2J" not in written and "\x07" not in written, ascii(written)
+    assert "message with ESC \\x1b[2J here" in written, ascii(written)
+    assert "\nTraceback (most recent call last):\n" in written, ascii(written)
+    assert written.endswith("RuntimeError: runner failed in /srv/root\\x1b]0;pwned\\x07\n"), ascii(written)
+    assert ("\x1b[32m" in written) is (stderr is _Terminal), ascii(written)  # the time, green
+
+
+def test_loguru_format_shapes_the_cli_s_log_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (diff review): the CLI's log line was a hard-coded copy of loguru's default, LOGURU_FORMAT no
+    longer applied. It does again, its message and exception still shown escaped."""
+    monkeypatch.setenv("LOGURU_FORMAT", "{level} | {message}")
+    written = _log_a_failure(io.StringIO())
+    assert written.startswith("WARNING | message with ESC \\x1b[2J here\nTraceback (most recent call last):\n")
+    assert written.endswith("RuntimeError: runner failed in /srv/root\\x1b]0;pwned\\x07\n"), ascii(written)
+
+
+@pytest.mark.parametrize(("template", "line"), [
+    ("{time} {message}", "{time} {extra[printable_message]}\n{extra[printable_exception]}"),
+    ("<red>{message:>10}</red> {name}", "<red>{extra[printable_message]:>10}</red> {name}\n"
+                                        "{extra[printable_exception]}"),
+    ("{message!r} then {exception}", "{extra[printable_message]!r} then {extra[printable_exception]}"),
+    ("{messages} {exceptions}", "{messages} {exceptions}\n{extra[printable_exception]}"),
+], ids=["plain", "spec-and-markup", "exception-in-place", "other-fields"])
+def test_the_log_line_reads_the_escaped_message_and_exception(template: str, line: str) -> None:
+    from hermes_actors.cli.main import log_line
+
+    assert log_line(template) == line

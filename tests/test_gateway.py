@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -1296,8 +1297,10 @@ def test_bad_constructor_arguments_say_which_one(root: Path, kwargs: dict[str, A
     ({"workers": 0}, ValueError, "Gateway workers must be 1 or more (the turn worker thread cap), not 0"),
     ({"workers": -3}, ValueError, "Gateway workers must be 1 or more"),
     ({"workers": "8"}, TypeError, "Gateway workers must be a whole number of turn worker threads (e.g. 64), not str"),
-    ({"workers": True}, TypeError, "Gateway workers must be a whole number"),
-    ({"workers": 8.0}, TypeError, "Gateway workers must be a whole number"),
+    ({"workers": True}, TypeError, "Gateway workers must be a number of turn worker threads (e.g. 64), not a bool "
+                                   "(True)"),
+    ({"workers": 8.5}, ValueError, "Gateway workers must be a whole number of turn worker threads (e.g. 64), not 8.5"),
+    ({"workers": float("inf")}, ValueError, "Gateway workers must be a whole number of turn worker threads"),
     ({"on_failure": 1}, TypeError,
      "on_failure must be a callable (called with the Dispatcher's error) or None, not int"),
     ({"host_stopping": 1}, TypeError, "host_stopping must be a callable returning a bool, not int"),
@@ -1310,6 +1313,18 @@ def test_bad_workers_and_callbacks_are_refused_by_the_constructor(root: Path, kw
     with pytest.raises(error) as caught:
         Gateway(root, runner="demo", **kwargs)
     assert needle in str(caught.value)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: 8, lambda: 8.0, lambda: pytest.importorskip("numpy").int64(8),
+    lambda: pytest.importorskip("numpy").float64(8.0),
+], ids=["int", "float", "np.int64", "np.float64"])
+def test_workers_are_taken_as_any_whole_number(root: Path, make: Callable[[], Any]) -> None:
+    """Regression (diff review): ``workers=8.0`` and ``numpy.int64(8)``, which worked before the arguments were
+    checked, were refused as "must be a whole number … not float (8.0)" (8.0 is whole). Whole floats and anything
+    ``operator.index`` takes are the cap, an int."""
+    gw = Gateway(root, runner="demo", workers=make())
+    assert (gw.workers, type(gw.workers)) == (8, int)
 
 
 def test_a_single_turn_worker_is_enough(root: Path, gateways: list[Gateway]) -> None:

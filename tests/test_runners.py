@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -192,9 +196,74 @@ def test_a_redis_guarded_runner_is_named_by_the_runner_it_wraps_when_its_reply_i
                              heartbeat_seconds=1, prefix="hermes", block_ms=200, connection_label="")
     guarded = ClaimGuard(settings).wrap(RawReply(None))  # a local DM: nothing is claimed, Redis is never asked
     result, may_retry = attempt_turn(guarded, turn())
-    assert (result.reply, result.error, result.reason) == (None, "runner RawReply() returned NoneType, expected str",
+    assert (result.reply, result.error, result.reason) == (None, "runner RawReply returned NoneType, expected str",
                                                            "unknown")
-    assert may_retry  # a failure like any runner error: the policy decides (unknown: no retry)
+    assert not may_retry  # unknown, never retried
+
+
+@dataclass
+class ApiBot:
+    """A runner whose repr holds a secret, a 5 KB prompt and the words a provider error holds."""
+
+    api_key: str = "sk-live-SECRET123"
+    system_prompt: str = "x" * 5000
+    rate_limit: int = 5
+    timeout: float = 600
+
+    def run_turn(self, t: Turn) -> Any:
+        return None
+
+
+def rate_limited_reply(t: Turn) -> Any:
+    return None
+
+
+def _named(name: str) -> Any:
+    """An instance of a class called ``name``."""
+    return type(name, (), {})()
+
+
+def _wraps(inner: Any) -> Any:
+    @functools.wraps(inner)
+    def wrapper(t: Turn) -> Any:
+        return inner(t)
+
+    return wrapper
+
+
+@pytest.mark.parametrize(("source", "name"), [
+    (ApiBot(), "ApiBot"),
+    (CommandRunner(cli=sys.executable, timeout=600), "CommandRunner"),
+    (rate_limited_reply, "rate_limited_reply"),
+    (lambda t: None, "<lambda>"),
+    (ApiBot().run_turn, "ApiBot.run_turn"),
+    (ApiBot, "ApiBot"),
+    (_wraps(rate_limited_reply), "rate_limited_reply"),
+    (_named("Bot" * 100), ("Bot" * 27)[:79] + "…"),
+], ids=["object", "command-runner", "function", "lambda", "method", "class", "wrapped", "long-type-name"])
+def test_a_runner_is_named_by_its_qualified_name_never_its_repr(source: Any, name: str) -> None:
+    assert runners.runner_name(source).rsplit(".<locals>.", 1)[-1] == name
+
+
+@pytest.mark.parametrize("runner", [
+    ApiBot(), CallableRunner(rate_limited_reply), CallableRunner(ApiBot().run_turn, blocking=False),
+    CommandRunner(cli="/x/hermes", timeout=600),
+], ids=["object", "callable", "callable-method", "command-runner-repr"])
+def test_a_reply_that_is_not_a_str_fails_unknown_never_classified_from_the_runner_s_name(
+    runner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (review): the error's text, holding the runner's whole repr, was classified: a runner whose repr
+    held ``rate_limit`` failed ``provider_rate_limit`` (retryable, its turn run twice), ``timeout`` or
+    ``CommandRunner(cli='/x/hermes', timeout=600)`` ``delivery_timeout``; an ``api_key`` field and a 5 KB prompt
+    went into the outcome, the journal and the CLI. The failure is ``unknown`` (never retried), the runner named
+    by its qualified name."""
+    if isinstance(runner, CommandRunner):
+        monkeypatch.setattr(CommandRunner, "run_turn", lambda self, t: None)
+    result, may_retry = attempt_turn(runner, turn())
+    assert (result.reply, result.reason, may_retry) == (None, "unknown", False), result
+    named = {ApiBot: "ApiBot", CommandRunner: "CommandRunner"}.get(type(runner))
+    assert result.error == f"runner {named or runners.runner_name(runner.fn)} returned NoneType, expected str"
+    assert "SECRET" not in result.error and len(result.error) < 200
 
 
 # ── resolve_cli ─────────────────────────────────────────────────────────────
@@ -458,6 +527,14 @@ def test_timeout_must_be_positive() -> None:
     ({"env": {"": "x"}}, ValueError, "env key '' is not a variable name"),
     ({"env": {"A": "a\0b"}}, ValueError, "env['A'] holds a NUL character"),
     ({"env": "A=1"}, TypeError, "env must be a dict of variable names to str values, not str"),
+    ({"env": [("A", "1")]}, TypeError, "env must be a dict of variable names to str values, not list: str keys, str "
+                                       "values ({'LANG': 'C.UTF-8'}); pass dict(pairs)"),
+    ({"env": {b"A": "1"}}, TypeError, "env key b'A' must be a str (a variable name), not bytes; decode it: "
+                                      "os.fsdecode(key)"),
+    ({"env": {"A": b"1"}}, TypeError, "env['A'] must be a str, not bytes (b'1'); decode it: os.fsdecode(value)"),
+    ({"timeout": "inf"}, TypeError, "timeout must be a number of seconds above 0, not str ('inf')"),
+    ({"timeout": Decimal("-1")}, ValueError, "timeout must be > 0 seconds, got Decimal('-1')"),
+    ({"timeout": Decimal("NaN")}, ValueError, "timeout must be > 0 seconds, got Decimal('NaN')"),
 ])
 def test_bad_timeout_or_env_is_refused_by_the_constructor_naming_it(kwargs: dict[str, Any], error: type[Exception],
                                                                     needle: str) -> None:
@@ -467,6 +544,18 @@ def test_bad_timeout_or_env_is_refused_by_the_constructor_naming_it(kwargs: dict
     with pytest.raises(error) as caught:
         CommandRunner("/bin/true", **kwargs)
     assert needle in str(caught.value)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: 5, lambda: 5.0, lambda: Decimal("5"), lambda: Fraction(5),
+    lambda: pytest.importorskip("numpy").int64(5), lambda: pytest.importorskip("numpy").float64(5),
+], ids=["int", "float", "Decimal", "Fraction", "np.int64", "np.float64"])
+def test_a_timeout_is_any_real_number_of_seconds(make: Callable[[], Any]) -> None:
+    """Regression (diff review): ``Decimal("5")``, ``Fraction(5)`` and ``numpy.int64(5)`` were refused as "must be a
+    number of seconds above 0" (they are), while ``numpy.float64(5)`` was taken. Any real number is taken, as a
+    float."""
+    runner = CommandRunner("/bin/true", timeout=make())
+    assert (runner.timeout, type(runner.timeout)) == (5.0, float)
 
 
 def test_an_endless_timeout_is_as_long_as_a_clock_can_count() -> None:

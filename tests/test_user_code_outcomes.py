@@ -220,11 +220,41 @@ def test_a_runner_returning_no_str_fails_naming_it_whatever_kind_of_runner_it_is
     runner: Any = raw if form == "object" else CallableRunner(raw.run_turn, blocking=blocking)
     gw = start_gateway(gateways, make_root(tmp_path), runner)
     out = gw.wait_outcome(send_dm(gw, "raw"), timeout=WAIT)
-    named = raw if form == "object" else raw.run_turn
+    named = "RawRunner" if form == "object" else "RawRunner.run_turn"  # the qualified name, never the repr
     assert (out["status"], out["reason"], out["retryable"], out["reply"]) == ("failed", "unknown", False, ""), out
-    assert out["error"] == f"runner {named!r} returned {type(value).__name__}, expected str", out
+    assert out["error"] == f"runner {named} returned {type(value).__name__}, expected str", out
     assert gw.wait_outcome(send_dm(gw, "next"), timeout=WAIT)["reply"] == "fine: next"
     assert raw.bodies == ["raw", "next"]  # not retried
+
+
+class RateLimitedBot:
+    """A runner whose repr holds a secret, a 5 KB prompt and ``rate_limit``; it returns None (no content)."""
+
+    def __init__(self) -> None:
+        self.api_key = "sk-live-SECRET123"
+        self.system_prompt = "x" * 5000
+        self.rate_limit = 5
+        self.bodies: list[str] = []
+
+    def run_turn(self, turn: Turn) -> Any:
+        self.bodies.append(body_of(turn.content))
+        return None
+
+    def __repr__(self) -> str:  # as a dataclass's
+        return f"RateLimitedBot(api_key={self.api_key!r}, system_prompt={self.system_prompt!r}, rate_limit=5)"
+
+
+def test_a_runner_returning_none_is_named_without_its_repr_and_never_retried(
+    tmp_path: Path, gateways: list[Gateway]
+) -> None:
+    """Regression (review): the error held the runner's whole repr (its API key, 5 KB of prompt) and its reason was
+    classified from it: ``rate_limit`` made it ``provider_rate_limit``, retryable, and the turn ran twice."""
+    bot = RateLimitedBot()
+    gw = start_gateway(gateways, make_root(tmp_path), bot)
+    out = gw.wait_outcome(send_dm(gw, "hello"), timeout=WAIT)
+    assert (out["status"], out["reason"], out["retryable"]) == ("failed", "unknown", False), out
+    assert out["error"] == "runner RateLimitedBot returned NoneType, expected str", out
+    assert bot.bodies == ["hello"]
 
 
 # ── item 3: failures outside the runner ─────────────────────────────────────

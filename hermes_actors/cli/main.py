@@ -9,8 +9,11 @@ id), 2 usage error. Refusals and failures print one human line; ``--json`` print
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,9 +37,9 @@ from hermes_actors.cli.render import (
     EXIT_FAILED,
     EXIT_SIGPIPE,
     EXIT_USAGE,
-    clip,
     not_managed_note,
     printable,
+    roster_table,
 )
 from hermes_actors.cli.send import cmd_send
 from hermes_actors.cli.streams import (
@@ -57,18 +60,54 @@ from hermes_actors.ops.stop_signals import StopSignalled, StopSignals, signal_ex
 __all__ = ["main"]
 
 
-# loguru's default line, its message shown escaped (_log_format)
-_LOG_LINE = ("<green>{time:YYYY-MM-DD HH:mm:ss.SSS Z}</green> | <level>{level: <8}</level> | "
-             "<cyan>{name}</cyan>:<cyan>{function}</cyan>:<cyan>{line}</cyan> - "
-             "<level>{extra[printable_message]}</level>\n{exception}")
+# loguru's default line (LOGURU_FORMAT replaces it, as it does loguru's); its message and exception are shown
+# escaped (_log_line, _log_format)
+_LOGURU_DEFAULT = ("<green>{time:YYYY-MM-DD HH:mm:ss.SSS Z}</green> | <level>{level: <8}</level> | "
+                   "<cyan>{name}</cyan>:<cyan>{function}</cyan>:<cyan>{line}</cyan> - <level>{message}</level>")
+_MESSAGE_FIELD = re.compile(r"\{message(?=[:!}])")
+_EXCEPTION_FIELD = re.compile(r"\{exception(?=[:!}])")
 
 
-def _log_format(record: Any) -> str:
-    """The CLI's log line of ``record``: its message, which names folders, paths and values from disk, is shown
-    escaped (:func:`printable`) as every line the command prints; the sink writes below the escaping stream
-    (:func:`~hermes_actors.cli.streams.unescaped`), so loguru's colours stay colours."""
-    record["extra"]["printable_message"] = printable(record["message"])
-    return _LOG_LINE
+def log_line(template: str) -> str:
+    """Pure: the CLI's log line from a loguru format string (``LOGURU_FORMAT``, else loguru's default).
+
+    Its ``{message}`` and ``{exception}`` fields (the exception after the line, as loguru adds it to a format
+    string without one) read the escaped copies :func:`_log_format` puts in the record's ``extra``; colour
+    markup and every other field stay as written.
+
+    Args:
+        template: a loguru format string (``<green>{time}</green> {message}``).
+
+    Returns:
+        The format the CLI's sink uses.
+    """
+    line = template if _EXCEPTION_FIELD.search(template) else template + "\n{exception}"
+    line = _MESSAGE_FIELD.sub("{extra[printable_message]", line)
+    return _EXCEPTION_FIELD.sub("{extra[printable_exception]", line)
+
+
+def _exception_text(exception: Any) -> str:
+    """Pure: a record's exception (loguru's ``(type, value, traceback)``, or None) as its traceback, escaped
+    (:func:`printable`): its text names paths and values from disk. Frames only, never their variables (the
+    ``diagnose=False`` of :func:`_enable_logging`)."""
+    if exception is None:
+        return ""
+    return printable("".join(traceback.format_exception(exception.type, exception.value, exception.traceback)))
+
+
+def _log_formatter(line: str) -> Callable[[Any], str]:
+    """The sink's format function for ``line`` (:func:`log_line`)."""
+
+    def _log_format(record: Any) -> str:
+        """The CLI's log line of ``record``: its message, which names folders, paths and values from disk, and its
+        exception's traceback are shown escaped (:func:`printable`) as every line the command prints; the sink
+        writes below the escaping stream (:func:`~hermes_actors.cli.streams.unescaped`), so loguru's colours
+        stay colours."""
+        record["extra"]["printable_message"] = printable(record["message"])
+        record["extra"]["printable_exception"] = _exception_text(record["exception"])
+        return line
+
+    return _log_format
 
 
 def _to_stderr(message: str) -> None:
@@ -81,8 +120,9 @@ def _enable_logging(verbose: int) -> None:
     logger.remove()
     # diagnose=False: an ERROR's traceback names the code, never the values of its variables (loguru's default
     # printed every frame's locals: a submit handler's request, with the DM's text, at ERROR)
+    line = log_line(os.environ.get("LOGURU_FORMAT") or _LOGURU_DEFAULT)
     logger.add(_to_stderr, level="DEBUG" if verbose > 1 else "INFO" if verbose else "WARNING",
-               format=_log_format, colorize=sys.stderr.isatty(), diagnose=False)
+               format=_log_formatter(line), colorize=sys.stderr.isatty(), diagnose=False)
     logger.enable("hermes_actors")
     logger.enable("actors")
 
@@ -136,11 +176,7 @@ def _cmd_roster(args: argparse.Namespace) -> int:
         for problem in problems:  # the rows stay the JSON; the note goes where a script's reader looks
             print(f"note: {problem}", file=sys.stderr)
         return 0
-    print(f"{'handle':<20} {'profile':<20} {'title':<20} {'connection':<16} online")
-    for row in rows:
-        online = {True: "yes", False: "no", None: "unknown"}[row["online"]]
-        conn = row["connection_id"] or "local"
-        print(f"@{row['handle']:<19} {row['profile']:<20} {clip(row['title'], 20):<20} {conn:<16} {online}")
+    print(roster_table(rows))
     peers = config.peers
     print(f"peers: {', '.join(peers)}" if peers else "peers: none (list peer gateways under bot_peers in config.yaml)")
     for problem in problems:

@@ -33,6 +33,7 @@ __all__ = [
     "refusal_line",
     "refused_as_unmanaged",
     "rooms_table",
+    "roster_table",
     "status_text",
     "surrogates_escaped",
 ]
@@ -231,6 +232,31 @@ def rooms_table(rows: list[dict[str, Any]]) -> str:
         members = ", ".join("@" + str(m) for m in row["members"])
         lines.append(f"{name:<{width}} {row['room_id']:<32} {row['state']:<10} "
                      f"{row.get('messages', '?'):>8}  {members}")
+    return printable("\n".join(lines))
+
+
+_ROSTER_TITLE_WIDTH = 20  # a title is cut to fit its column (a handle, addressed by it, never is)
+
+
+def roster_table(rows: list[dict[str, Any]]) -> str:
+    """Pure: the ``roster`` table: a header, then one line per bot.
+
+    Each value is escaped first (:func:`printable`: a ``\u202e`` is six characters on the terminal), then cut
+    (the title) and padded, as :func:`rooms_table` does, so the columns after it stay where the header says.
+
+    Args:
+        rows: roster rows (``handle``, ``profile``, ``title``, ``connection_id``, ``online``).
+
+    Returns:
+        The lines, joined by newlines, safe to print (:func:`printable`).
+    """
+    lines = [f"{'handle':<20} {'profile':<20} {'title':<20} {'connection':<16} online"]
+    for row in rows:
+        online = {True: "yes", False: "no", None: "unknown"}[row["online"]]
+        handle, profile, conn = (printable(str(value)) for value in (row["handle"], row["profile"],
+                                                                     row["connection_id"] or "local"))
+        title = clip(printable(str(row["title"])), _ROSTER_TITLE_WIDTH)
+        lines.append(f"@{handle:<19} {profile:<20} {title:<20} {conn:<16} {online}")
     return printable("\n".join(lines))
 
 

@@ -8,8 +8,12 @@ found out half-way (a stop half-done, a DM accepted and then failed).
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 import os
 from collections.abc import Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,15 +40,16 @@ def wait_seconds(what: str, timeout: Any) -> float:
         The seconds to wait, from 0 to :data:`MAX_WAIT`.
 
     Raises:
-        TypeError: not a number (a bool, None, a string...).
+        TypeError: not a real number (a bool, None, a string...).
         ValueError: NaN.
     """
-    if not _is_number(timeout):
+    seconds = _as_seconds(timeout)
+    if seconds is None:
         raise TypeError(f"{what} timeout must be a number of seconds, not {type(timeout).__name__} "
                         f"({timeout!r}); 0 does not wait")
-    if timeout != timeout:
+    if seconds != seconds:
         raise ValueError(f"{what} timeout is NaN; pass a number of seconds (0: do not wait)")
-    return float(min(max(timeout, 0.0), MAX_WAIT))
+    return min(max(seconds, 0.0), MAX_WAIT)
 
 
 def positive_seconds(what: str, seconds: Any) -> float:
@@ -59,19 +64,41 @@ def positive_seconds(what: str, seconds: Any) -> float:
         The seconds, above 0 and at most :data:`MAX_WAIT`.
 
     Raises:
-        TypeError: not a number (a bool, None, a string...).
+        TypeError: not a real number (a bool, None, a string...).
         ValueError: 0 or less, or NaN.
     """
-    if not _is_number(seconds):
+    value = _as_seconds(seconds)
+    if value is None:
         raise TypeError(f"{what} must be a number of seconds above 0, not {type(seconds).__name__} ({seconds!r})")
-    if not seconds > 0:  # NaN too
+    if not value > 0:  # NaN too
         raise ValueError(f"{what} must be > 0 seconds, got {seconds!r}")
-    return float(min(seconds, MAX_WAIT))
+    return min(value, MAX_WAIT)
 
 
-def _is_number(value: Any) -> bool:
-    """Whether ``value`` is a number of seconds as an embedder passes one: an int or a float, never a bool."""
-    return not isinstance(value, bool) and isinstance(value, (int, float))
+def _as_seconds(value: Any) -> float | None:
+    """Pure: ``value`` as seconds when it is a number of seconds as an embedder passes one: any real number (an int,
+    a float, a ``Decimal``, a ``Fraction``, numpy's), never a bool nor a string.
+
+    Args:
+        value: the value as given.
+
+    Returns:
+        The float (``±inf`` for one too large for a float, NaN for a signalling ``Decimal`` NaN), or None when
+        ``value`` is no real number.
+    """
+    if not _is_real(value):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int or a Fraction past any float: past any clock too
+        return math.inf if value > 0 else -math.inf
+    except ValueError:  # Decimal("sNaN")
+        return math.nan
+
+
+def _is_real(value: Any) -> bool:
+    """Pure: whether ``value`` is a real number (``numbers.Real`` or a ``Decimal``) other than a bool."""
+    return not isinstance(value, bool) and isinstance(value, (numbers.Real, Decimal))
 
 
 def checked_abandon(abandon: Any) -> Any:
@@ -122,18 +149,30 @@ def checked_workers(workers: Any) -> int:
         workers: the value as given.
 
     Returns:
-        The cap.
+        The cap, an int: from anything ``operator.index`` takes (an int, ``numpy.int64``) or a whole float
+        (``8.0``).
 
     Raises:
-        TypeError: not a whole number (a bool included).
-        ValueError: less than 1.
+        TypeError: a bool, or not a number (a str, None).
+        ValueError: a float with a fraction (``8.5``, ``inf``, NaN), or less than 1.
     """
-    if isinstance(workers, bool) or not isinstance(workers, int):
-        raise TypeError(f"Gateway workers must be a whole number of turn worker threads (e.g. 64), not "
-                        f"{type(workers).__name__} ({shown(workers)})")
-    if workers < 1:
-        raise ValueError(f"Gateway workers must be 1 or more (the turn worker thread cap), not {workers}")
-    return workers
+    if isinstance(workers, bool):
+        raise TypeError(f"Gateway workers must be a number of turn worker threads (e.g. 64), not a bool "
+                        f"({workers!r})")
+    if isinstance(workers, float):
+        if not workers.is_integer():
+            raise ValueError(f"Gateway workers must be a whole number of turn worker threads (e.g. 64), "
+                             f"not {workers!r}")
+        count = int(workers)
+    else:
+        try:
+            count = operator.index(workers)
+        except TypeError:
+            raise TypeError(f"Gateway workers must be a whole number of turn worker threads (e.g. 64), not "
+                            f"{type(workers).__name__} ({shown(workers)})") from None
+    if count < 1:
+        raise ValueError(f"Gateway workers must be 1 or more (the turn worker thread cap), not {count}")
+    return count
 
 
 def checked_env(env: Any) -> dict[str, str]:
@@ -146,24 +185,34 @@ def checked_env(env: Any) -> dict[str, str]:
         A copy of it (a new dict when None).
 
     Raises:
-        TypeError: not a dict, or a key or value that is not a str.
+        TypeError: not a dict (a list of pairs: pass ``dict(pairs)``), or a key or value that is not a str
+            (bytes: decode them, ``os.fsdecode``).
         ValueError: a key that is no variable name (empty, or holding ``=`` or a NUL), or a value holding a NUL.
     """
     if env is None:
         return {}
     if not isinstance(env, Mapping):
-        raise TypeError(f"env must be a dict of variable names to str values, not {type(env).__name__}")
+        raise TypeError(f"env must be a dict of variable names to str values, not {type(env).__name__}: str keys, "
+                        "str values ({'LANG': 'C.UTF-8'})" + ("; pass dict(pairs)" if isinstance(env, (list, tuple))
+                                                             else ""))
     for key, value in env.items():
         if not isinstance(key, str):
-            raise TypeError(f"env key {shown(key)} must be a str (a variable name), not {type(key).__name__}")
+            raise TypeError(f"env key {shown(key)} must be a str (a variable name), not {type(key).__name__}"
+                            + _str_advice(key, "key"))
         if not key or "=" in key or "\0" in key:
             raise ValueError(f"env key {shown(key)} is not a variable name (empty, or holds '=' or a NUL)")
         if not isinstance(value, str):
-            raise TypeError(f"env[{shown(key)}] must be a str, not {type(value).__name__} ({shown(value)}); "
-                            "pass str(value)")
+            raise TypeError(f"env[{shown(key)}] must be a str, not {type(value).__name__} ({shown(value)})"
+                            + (_str_advice(value, "value") or "; pass str(value)"))
         if "\0" in value:
             raise ValueError(f"env[{shown(key)}] holds a NUL character, which no environment variable can")
     return dict(env)
+
+
+def _str_advice(value: Any, what: str) -> str:
+    """Pure: how to pass ``value`` (an env ``key`` or ``value`` that is no str) as a str: bytes are decoded as the
+    system decodes environment bytes (``os.fsdecode``); "" for anything else."""
+    return f"; decode it: os.fsdecode({what})" if isinstance(value, (bytes, bytearray)) else ""
 
 
 def checked_root(root: str | Path) -> Path:

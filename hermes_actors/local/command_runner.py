@@ -68,7 +68,8 @@ class CommandRunner:
 
     Args:
         cli: the executable; :func:`resolve_cli` when None.
-        timeout: seconds one turn may take before its process group is killed (a number above 0; ``inf``: as
+        timeout: seconds one turn may take before its process group is killed (a real number above 0:
+            an int, a float, a ``Decimal``, a ``Fraction``, numpy's; ``inf``: as
             long as a clock can count).
         dm_base: the temp root for the DM directory (system temp when None).
         env: variables set over ``os.environ`` for every turn: a dict of str to str.

@@ -41,9 +41,12 @@ the pieces of one CLI process it shares with the Hermes runners are in
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from types import BuiltinFunctionType, FunctionType, MethodType
 from typing import Protocol, runtime_checkable
 
+from hermes_actors.core.clipping import clip
 from hermes_actors.local.cli_process import (
     REFUSAL_MARKER,
     CliResult,
@@ -62,6 +65,7 @@ __all__ = [
     "CallableRunner",
     "CliResult",
     "CommandRunner",
+    "ReplyTypeError",
     "TurnRunner",
     "as_runner",
     "busy_text",
@@ -70,6 +74,7 @@ __all__ = [
     "refused_not_owned",
     "resolve_cli",
     "run_cli_process",
+    "runner_name",
     "runs_inline",
 ]
 
@@ -123,13 +128,51 @@ class CallableRunner:
             The reply ``fn`` returned.
 
         Raises:
-            TypeError: ``fn`` returned something other than a str.
+            ReplyTypeError: ``fn`` returned something other than a str (a TypeError naming ``fn``).
             Exception: whatever ``fn`` raised, unchanged.
         """
         return checked_reply(self.fn(turn), self.fn)
 
     def __repr__(self) -> str:
         return f"CallableRunner({self.fn!r})" if self.blocking else f"CallableRunner({self.fn!r}, blocking=False)"
+
+
+class ReplyTypeError(TypeError):
+    """A runner (or its callable, or a live owner) returned something other than a str for a turn.
+
+    Its reason is always ``unknown`` (never retried), decided from this type, never from its text
+    (:func:`~hermes_actors.local.turns.attempt_turn`): the text names the runner, and a name holding
+    ``rate_limit`` or ``timeout`` is no provider's rate limit or timeout.
+    """
+
+    reason = "unknown"
+
+
+# A runner's name in an error: its type's (or function's) qualified name, up to here (a name is code's, not data).
+RUNNER_NAME_CHARS = 80
+
+
+def runner_name(source: object) -> str:
+    """Pure: ``source`` (a runner, a callable, a live owner) as an error names it: never its ``repr``.
+
+    A repr can hold anything its fields hold (an API key, a 5 KB system prompt), and the error goes to
+    the sender, the journal and the CLI: the name is the qualified name of a function, method or class
+    (``Bot.run_turn``, ``make.<locals>.reply``), else of ``source``'s type (``ApiBot``), clipped to
+    :data:`RUNNER_NAME_CHARS`. A wrapper naming what it wraps (``__wrapped__``, as ``functools.wraps``
+    sets it, and the Redis claim guard) is named by the runner it wraps.
+
+    Args:
+        source: who returned the reply.
+
+    Returns:
+        The name.
+    """
+    try:
+        source = inspect.unwrap(source)  # type: ignore[arg-type]
+    except ValueError:  # a __wrapped__ cycle: the outermost is named
+        pass
+    named = source if isinstance(source, (type, FunctionType, BuiltinFunctionType, MethodType)) else type(source)
+    return clip(str(getattr(named, "__qualname__", type(source).__name__)), RUNNER_NAME_CHARS)
 
 
 def checked_reply(reply: object, source: object, what: str = "runner") -> str:
@@ -141,18 +184,19 @@ def checked_reply(reply: object, source: object, what: str = "runner") -> str:
 
     Args:
         reply: what a runner (or its callable) or a live owner returned for a turn.
-        source: who returned it (named in the error by its repr).
+        source: who returned it (named in the error by :func:`runner_name`, never its repr).
         what: what ``source`` is ("runner", "live owner").
 
     Returns:
         ``reply``.
 
     Raises:
-        TypeError: ``reply`` is not a str (None, bytes, a dict): the turn fails with this
-            text instead of replying its ``str()``, e.g. ``'None'``.
+        ReplyTypeError: ``reply`` is not a str (None, bytes, a dict): the turn fails with this
+            text (``runner ApiBot returned NoneType, expected str``) instead of replying its
+            ``str()``, e.g. ``'None'``.
     """
     if not isinstance(reply, str):
-        raise TypeError(f"{what} {source!r} returned {type(reply).__name__}, expected str")
+        raise ReplyTypeError(f"{what} {runner_name(source)} returned {type(reply).__name__}, expected str")
     return reply
 
 

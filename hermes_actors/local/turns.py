@@ -7,10 +7,13 @@ a runner's error is a failed turn, not a crash.
 
 Failure paths and what the sender gets (docs/reliability.md):
 
-- the runner raises an ``Exception``, or returns anything but a str (None, bytes, a
-  number; whatever kind of runner it is, the error is ``runner <…> returned NoneType,
-  expected str``: :func:`~hermes_actors.local.runners.checked_reply`): ``failed``,
-  reason classified from its text, the policy retry applies;
+- the runner raises an ``Exception``: ``failed``, reason classified from its text, the
+  policy retry applies;
+- the runner returns anything but a str (None, bytes, a number; whatever kind of runner
+  it is, the error is ``runner ApiBot returned NoneType, expected str``, naming the runner
+  by its type's or function's qualified name, never its repr:
+  :func:`~hermes_actors.local.runners.checked_reply`): ``failed``, reason ``unknown``
+  (never read from that text), so never retried;
 - the runner raises ``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit`` (any
   other ``BaseException``): ``failed`` at once, reason classified from
   ``"<Type>: <text>"`` (usually ``unknown``, so not retryable: the turn started),
@@ -53,7 +56,7 @@ from hermes_actors.core.recovery import TurnPlace
 from hermes_actors.core.wake import WAKE_ORIGIN
 from hermes_actors.errors import StoreError, TurnFailed
 from hermes_actors.faults import crashpoint
-from hermes_actors.local.runners import TurnRunner, checked_reply
+from hermes_actors.local.runners import ReplyTypeError, TurnRunner, checked_reply
 from hermes_actors.messages import Delivery, Turn, TurnFinished
 from hermes_actors.store.journal import Journal, StartRecorder
 from hermes_actors.store.turnlock import TurnLock
@@ -198,7 +201,8 @@ def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
     Returns:
         The attempt's result (``reply`` the runner's str, None when it failed: a reply that is not
         a str fails it, :func:`~hermes_actors.local.runners.checked_reply`) and whether the policy
-        retry may follow a failure (not after a ``BaseException``, nor an ambiguous one).
+        retry may follow a failure (not after a ``BaseException``, nor an ambiguous one, nor a reply
+        that is not a str: that failure is ``unknown``, decided from its type, never from its text).
     """
     key = turn.delivery_id
     try:
@@ -208,6 +212,8 @@ def attempt_turn(runner: TurnRunner, turn: Turn) -> tuple[TurnFinished, bool]:
     except TurnFailed as exc:
         result = turn_failed(key, exc)
         return result, not result.ambiguous
+    except ReplyTypeError as exc:  # its reason is its type's, never read from its text (which names the runner)
+        return TurnFinished(key, None, str(exc), exc.reason), False
     except Exception as exc:  # any runner error is a failed turn, classified from its text
         text = _text_of(exc) or type(exc).__name__
         return TurnFinished(key, None, text, classify_agent_error(text)), True

@@ -537,12 +537,13 @@ class _GuardedRunner:
     def __init__(self, inner: TurnRunner, guard: ClaimGuard) -> None:
         self.inner = inner
         self.guard = guard
+        self.__wrapped__ = inner  # a reply that is not a str names the runner the user gave (runners.runner_name)
 
     def run_turn(self, turn: Turn) -> str:
         self.guard.claim(turn.delivery_id)
         return self.inner.run_turn(turn)
 
-    def __repr__(self) -> str:  # a reply that is not a str names the runner the user gave (runners.checked_reply)
+    def __repr__(self) -> str:  # logs name the runner the user gave
         return repr(self.inner)
 
     def __getattr__(self, name: str) -> Any:  # idempotent, release, ...
