@@ -136,16 +136,16 @@ def test_the_benchmark_progress_bar_draws_as_it_is(
     ``_cmd_bench``."""
     import bench.harness
 
-    given: list[list[str] | None] = []
+    given: list[bool] = []
 
-    def draw_the_bar(argv: list[str] | None = None) -> int:  # the benchmark, stubbed: its bar only
-        given.append(argv)
+    def draw_the_bar(quick: bool, *args: object, **kwargs: object) -> int:  # the benchmark, stubbed: its bar only
+        given.append(quick)
         sys.stderr.write("\r[###]\x1b[K")
         return 0
 
-    monkeypatch.setattr(bench.harness, "main", draw_the_bar)
+    monkeypatch.setattr(bench.harness, "run_command", draw_the_bar)
     assert main(["bench", "--quick"]) == 0
-    assert given == [["--quick"]]
+    assert given == [True]
     assert capsys.readouterr().err == "\r[###]\x1b[K"
 
 
