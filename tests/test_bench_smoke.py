@@ -26,6 +26,7 @@ from bench.registry import REGISTRY
 from bench.report import main as report_main
 from bench.report import render_markdown, render_table, write_docs
 from bench.targets import evaluate_targets
+from hermes_actors.cli.main import main as cli_main
 
 METRIC_KEYS = {"n", "throughput_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms"}
 
@@ -85,6 +86,27 @@ def test_cli_entry_accepts_the_documented_flags(tmp_path: Path, monkeypatch: pyt
     assert len(list(tmp_path.glob("*.json"))) == 1
     with pytest.raises(SystemExit):
         main(["--scenario", "no-such-scenario", "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("prog", ["python -m bench", "hermes-actors bench"])
+def test_an_unknown_scenario_is_refused_in_one_text_by_both_entries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], prog: str
+) -> None:
+    """Regression (diff review): `python -m bench --scenario nope` said argparse's `invalid choice: 'nope' (choose
+    from …)` while `hermes-actors bench --scenario nope` said `unknown scenario(s) 'nope'; known: …`: two rules. Both
+    now refuse it by check_scenarios, in its words, before anything is made."""
+    argv = ["--scenario", "nope", "--out", str(tmp_path / "out"), "--no-progress"]
+    if prog == "python -m bench":
+        with pytest.raises(SystemExit) as exited:
+            main(argv, prog=prog)
+        code = exited.value.code
+    else:
+        code = cli_main(["bench", *argv])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "error: unknown scenario(s) 'nope'; known: local-roundtrip, " in err, err
+    assert "invalid choice" not in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_registry_lists_the_local_scenarios() -> None:

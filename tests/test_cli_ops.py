@@ -1238,6 +1238,28 @@ def test_disable_names_what_it_leaves_for_the_user_to_remove(
     assert f"{created} is now" not in out  # said once, by the disable that emptied it
 
 
+def test_disable_says_enable_created_only_the_files_it_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (diff review): a profile's config.yaml the user had (holding only `# my settings`) was, after
+    enable and disable, said to be `is now {} (enable created it): remove it if you want`, beside the line naming
+    the `.before-hermes-actors` copy enable made of it. The enable record now says which files enable created; only
+    those are said to be enable's, a file the user had never is."""
+    root = make_root(tmp_path, managed=False)
+    mine = root / "profiles" / "alice" / "config.yaml"
+    mine.write_text("# my settings\n", encoding="utf-8")
+    created = root / "profiles" / "bob" / "config.yaml"
+    assert not created.exists()
+    assert main(["enable", "--root", str(root)]) == 0
+    assert created.exists()
+    capsys.readouterr()
+    assert main(["disable", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"  to do: {created} is now {{}} (enable created it): remove it if you want\n" in out, out
+    assert f"  to do: {mine}.before-hermes-actors was kept" in out, out
+    assert f"{mine} is now" not in out, out
+
+
 def test_disable_names_the_config_yamls_enable_created_its_copies_and_the_api_key_left_to_the_user(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -109,6 +109,26 @@ def test_what_stdouts_encoding_cannot_write_is_printed_escaped_and_the_command_e
     assert [room["name"] for room in Gateway(root).list_rooms()] == ["caf\u00e9"]  # read from the room files
 
 
+def test_json_output_on_an_ascii_stdout_is_valid_json(tmp_path: Path) -> None:
+    """Regression (diff review): with stdout in ASCII (`PYTHONIOENCODING=ascii`) `roster --json` wrote a profile's
+    `Zoë` as the Python escape `Zo\\xe9`, exit 0: no JSON (`json.load`: "Invalid \\escape"). The document is now
+    written in ASCII with JSON's own escapes (`Zo\\u00eb`), which any JSON reader reads back as `Zoë`."""
+    root = make_root(tmp_path, {"zoe": {"title": "Critic", "display_name": "Zo\u00eb \U0001f600"}})
+    done = _command(["roster", "--root", str(root), "--json"], env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.isascii(), done.stdout
+    assert "Zo\u00eb \U0001f600" in {entry.get("display_name") for entry in _entries(json.loads(done.stdout))}
+
+
+def _entries(document: Any) -> list[dict[str, Any]]:
+    """Every dict in a JSON document, at any depth."""
+    if isinstance(document, dict):
+        return [document, *(entry for value in document.values() for entry in _entries(value))]
+    if isinstance(document, list):
+        return [entry for value in document for entry in _entries(value)]
+    return []
+
+
 @pytest.mark.parametrize(("text", "encoding", "written"), [
     ("h\u00e9llo", "ascii", "h\\xe9llo"),
     ("h\u00e9llo \u2603", "latin-1", "h\u00e9llo \\u2603"),

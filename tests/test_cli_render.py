@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from hermes_actors.cli.render import (
     ack_line,
     answer_exit_code,
+    ascii_json,
     clip,
     json_text,
     not_managed_note,
@@ -148,6 +150,18 @@ def test_status_text_shows_the_unconfirmed_redis_sends() -> None:
 ])
 def test_json_text_escapes_only_lone_surrogates(value: object, expected: str) -> None:
     assert json_text(value) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('{"a": "Zo\u00eb"}', '{"a": "Zo\\u00eb"}'),
+    ('{"a": "\u2603"}', '{"a": "\\u2603"}'),
+    ('{"a": "\U0001f600"}', '{"a": "\\ud83d\\ude00"}'),  # beyond the BMP: a surrogate pair, as JSON says it
+    ('{\n  "\u00e9": [\n    1\n  ]\n}', '{\n  "\\u00e9": [\n    1\n  ]\n}'),  # indentation kept
+    ('{"a": "plain"}', '{"a": "plain"}'),
+])
+def test_ascii_json_escapes_non_ascii_as_json_does(text: str, expected: str) -> None:
+    assert ascii_json(text) == expected
+    assert json.loads(ascii_json(text)) == json.loads(text)
 
 
 def test_json_text_indents_as_before() -> None:

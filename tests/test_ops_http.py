@@ -69,6 +69,11 @@ def test_http_addresses(text: str, expected: tuple[str, int]) -> None:
     # Regression (CLI review): a negative port said `the port '-1' is not a number`: it is one, out of range
     ("127.0.0.1:-1", "--http '127.0.0.1:-1': the port -1 is out of range (0-65535)"),
     (":-" + "1" * 100_000, "is out of range (0-65535)"),  # no int() past the limit on digits
+    # Regression (diff review): `-0` was taken as port 0 (the `-` dropped before the range check)
+    ("127.0.0.1:-0", "--http '127.0.0.1:-0': the port -0 is out of range (0-65535)"),
+    (":-000", "the port -000 is out of range (0-65535)"),
+    ("127.0.0.1:+1", "the port '+1' is not a number"),
+    ("127.0.0.1:+0", "the port '+0' is not a number"),
     ("127.0.0.1:-", "the port '-' is not a number"),
     ("127.0.0.1:--1", "the port '--1' is not a number"),
     ("::1:80", "in brackets"),

@@ -310,8 +310,42 @@ def _st(mode: int, uid: int) -> os.stat_result:
     (_st(0o040755, 1000), _st(0o120777, 1000), None),  # a symlink's mode means nothing: its read refuses it
 ])
 def test_untrusted_profile(folder: os.stat_result, profile_yaml: os.stat_result | None, says: str | None) -> None:
-    found = p.untrusted_profile(folder, profile_yaml, 1000)
+    found = p.untrusted_profile(folder, {"profile.yaml": profile_yaml}, 1000)
     assert (found is None) if says is None else (found is not None and found.startswith(says)), found
+
+
+# Regression (diff review): the profile's config.yaml (its model, base_url, plugins: read by hermes at every turn)
+# was not looked at: one owned by uid 1234 with mode 0666 kept the profile a bot of this root. Its .env (the hermes
+# CLI loads it at each turn) neither.
+@pytest.mark.parametrize(("name", "st", "says"), [
+    ("config.yaml", _st(0o100600, 1000), None),
+    ("config.yaml", _st(0o100664, 1000), None),  # umask 002: as for the folder
+    ("config.yaml", None, None),
+    ("config.yaml", _st(0o100666, 1234), "its config.yaml is owned by uid 1234, not by this user (uid 1000)"),
+    ("config.yaml", _st(0o100666, 1000), "other users may write its config.yaml (mode 0666)"),
+    (".env", _st(0o100600, 1234), "its .env is owned by uid 1234, not by this user (uid 1000)"),
+    (".env", _st(0o100646, 1000), "other users may write its .env (mode 0646)"),
+])
+def test_untrusted_profile_looks_at_the_files_hermes_reads_each_turn(
+    name: str, st: os.stat_result | None, says: str | None
+) -> None:
+    assert name in p.PROFILE_TRUSTED_FILES
+    found = p.untrusted_profile(_st(0o040700, 1000), {"profile.yaml": _st(0o100600, 1000), name: st}, 1000)
+    assert (found is None) if says is None else (found is not None and found.startswith(says)), found
+
+
+def test_a_profile_whose_config_yaml_others_may_write_is_no_bot(tmp_path: Path) -> None:
+    """Regression (diff review): a profile whose config.yaml other users may write (mode 0666) stayed on the roster:
+    anyone could point its model at their own server. It is skipped with a warning now, as for its profile.yaml."""
+    root = make_root(tmp_path, {"alice": {}, "eve": {}})
+    config = root / "profiles" / "eve" / "config.yaml"
+    config.write_text("model:\n  default: m\n", encoding="utf-8")
+    config.chmod(0o666)
+    with LogCapture("WARNING") as logs:
+        found = [info.profile for info in p.discover_profiles(root)]
+    assert sorted(found) == ["alice", "default"], found
+    assert len(logs.matching(f"skipping profile {config.parent}: other users may write its config.yaml")) == 1, \
+        logs.lines
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")

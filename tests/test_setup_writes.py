@@ -214,6 +214,8 @@ RECORD_ENTRIES: list[tuple[str, dict[str, object], str | None]] = [
     ("no before", _set("config.yaml", absent=False), "has no before value"),
     ("absent no bool", _set("config.yaml", absent="yes"), "has absent 'yes', not true or false"),
     ("parents no count", _set("config.yaml", parents="2"), "has parents '2', not a count"),
+    ("file created", _set("config.yaml", file_created=True), None),
+    ("file_created no bool", _set("config.yaml", file_created="yes"), "has file_created 'yes', not true or false"),
     ("no item", {"file": "config.yaml", "keys": ["a"], "op": "list_add"}, "has item None, not a string"),
 ]
 

@@ -24,6 +24,7 @@ __all__ = [
     "EXIT_USAGE",
     "ack_line",
     "answer_exit_code",
+    "ascii_json",
     "clip",
     "json_text",
     "not_managed_note",
@@ -101,6 +102,33 @@ def json_text(value: Any, *, indent: bool = False) -> str:
         return orjson.dumps(value, option=option).decode()
     except orjson.JSONEncodeError:
         return orjson.dumps(surrogates_escaped(value), option=option).decode()
+
+
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    """Pure: one non-ASCII character as JSON's ``\\uXXXX`` escape (a surrogate pair beyond the BMP)."""
+    code = ord(match.group())
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def ascii_json(text: str) -> str:
+    """Pure: the JSON ``text`` (:func:`json_text`) with each non-ASCII character as a ``\\uXXXX`` escape, as
+    ``json.dumps(..., ensure_ascii=True)`` writes it: the same document, for a stdout whose encoding (ASCII, a C
+    locale) cannot write those characters. A non-ASCII character is only ever inside a JSON string, where such an
+    escape means it; the rest of the text (its indentation) is kept.
+
+    Args:
+        text: a JSON document, as :func:`json_text` returns it.
+
+    Returns:
+        The same document in ASCII.
+    """
+    return _NON_ASCII.sub(_json_escape, text)
 
 
 # How the gateway's refusal of a DM on an install that is not Bot-Mode-managed begins (core.targets; pinned by

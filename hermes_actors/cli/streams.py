@@ -7,7 +7,8 @@ the command opens takes it. A write to stdout that fails for another reason than
 full disk: ``> /dev/full``) is a :class:`StdoutError`, whose line (:func:`stdout_error_line`) says it was
 stdout that could not be written. A write to stderr that fails (its reader left, a full disk) is dropped: what
 the command does and its exit code never depend on it. Neither stream fails on a character its encoding cannot
-write (``PYTHONIOENCODING=ascii``, a C locale): it is written as a backslash escape (:func:`encodable`).
+write (``PYTHONIOENCODING=ascii``, a C locale): it is written as a backslash escape (:func:`encodable`), or,
+in a ``--json`` document, as JSON's ``\\uXXXX`` escape (:func:`print_json`).
 
 Everything a command prints on either is shown, never acted on, by a terminal: each control character of it
 (an ESC in a folder's name, a root's path, a value typed, a bot's reply) is written escaped
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TextIO, cast
 
-from hermes_actors.cli.render import json_text
+from hermes_actors.cli.render import ascii_json, json_text
 from hermes_actors.core.printable import printable
 from hermes_actors.store.os_errors import os_error_text, what_to_do
 
@@ -179,13 +180,30 @@ def print_json(value: Any, *, indent: bool = False) -> None:
     """Print ``value`` on stdout as one JSON document, as it is: its reader is a program, and what the escaping of
     :func:`output_streams` writes (``\\x7f``) is no JSON. Its strings' C0 control characters are JSON escapes
     (``\\u001b``) already, and a lone surrogate (a file name's undecodable byte) is written out
-    (:func:`~hermes_actors.cli.render.json_text`).
+    (:func:`~hermes_actors.cli.render.json_text`). When stdout's encoding cannot write a character of it
+    (``PYTHONIOENCODING=ascii``, a C locale), the document is written in ASCII, its other characters as JSON's
+    ``\\uXXXX`` escapes (:func:`~hermes_actors.cli.render.ascii_json`): :func:`encodable`'s ``\\xe9`` is no JSON.
 
     Args:
         value: what the JSON says.
         indent: two spaces an indent level (else on one line).
     """
-    print(json_text(value, indent=indent), file=unescaped(sys.stdout))
+    stream = unescaped(sys.stdout)
+    text = json_text(value, indent=indent)
+    if not _writes(text, getattr(stream, "encoding", None)):
+        text = ascii_json(text)
+    print(text, file=stream)
+
+
+def _writes(text: str, encoding: str | None) -> bool:
+    """Pure: whether a stream in ``encoding`` (None: a stream of text, which encodes nothing) writes ``text``."""
+    if encoding is None:
+        return True
+    try:
+        text.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
 
 
 @contextmanager

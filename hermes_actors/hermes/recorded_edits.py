@@ -245,6 +245,7 @@ class RecordedEditor:
     def __init__(self, root: Path, report: SetupReport) -> None:
         self.root, self.report = root, report
         self._files: dict[Path, dict[str, Any]] = {}
+        self._missing: set[Path] = set()  # the files that did not exist when first read: enable creates them
         self._planned: dict[Path, list[tuple[dict[str, Any], str]]] = {}
         self.written: list[dict[str, Any]] = []  # the record entries of the files written so far, in order
         self.files_written: list[Path] = []  # the files written so far (a reorder alone too), in order
@@ -266,11 +267,19 @@ class RecordedEditor:
                 os.close(open_dir_below(self.root, path.parent))
             except FileNotFoundError:
                 pass  # no such directory: the file reads as {} (an edit of it is refused when written)
+            if not os.path.lexists(path):
+                self._missing.add(path)
             self._files[path] = read_yaml(path)
         return self._files[path]
 
     def _plan(self, path: Path, entry: dict[str, Any], line: str) -> None:
         self._planned.setdefault(path, []).append((entry, line))
+
+    def _entry(self, path: Path, fields: dict[str, Any]) -> dict[str, Any]:
+        """The record entry of an edit of ``path``: ``fields``, with ``file``, and ``file_created`` when the edit
+        creates the file (``disable`` then says it is enable's to remove, never of a file the user had)."""
+        created = {"file_created": True} if path in self._missing else {}
+        return {"file": self._rel(path), **fields, **created}
 
     def planned(self) -> list[dict[str, Any]]:
         """The record entries of the edits planned and not yet written, in the order planned.
@@ -314,9 +323,10 @@ class RecordedEditor:
             return
         holder, created = _parent(data, keys, path)
         holder[keys[-1]] = copy.deepcopy(value)  # later edits of the file must not change what is recorded
-        self._plan(path, {"file": self._rel(path), "op": "set", "keys": keys, "after": copy.deepcopy(value),
-                          "before": None if before is _ABSENT else copy.deepcopy(before), "absent": before is _ABSENT,
-                          "parents": created},
+        self._plan(path, self._entry(path, {
+                       "op": "set", "keys": keys, "after": copy.deepcopy(value),
+                       "before": None if before is _ABSENT else copy.deepcopy(before), "absent": before is _ABSENT,
+                       "parents": created}),
                    f"{path}: {'.'.join(keys)} = {value!r}")
 
     def switch_on(self, path: Path, keys: list[str], reads_on: Callable[[Any], bool]) -> None:
@@ -366,8 +376,8 @@ class RecordedEditor:
             current.append(item)
         else:
             holder[keys[-1]] = [item]
-        self._plan(path, {"file": self._rel(path), "op": "list_add", "keys": keys, "item": item,
-                          "list_created": current is _ABSENT, "parents": created},
+        self._plan(path, self._entry(path, {"op": "list_add", "keys": keys, "item": item,
+                                            "list_created": current is _ABSENT, "parents": created}),
                    f"{path}: added {item!r} to {'.'.join(keys)}")
 
     def undo(self, entry: dict[str, Any]) -> None:
@@ -489,6 +499,8 @@ def _op_problem(entry: dict[str, Any]) -> str | None:
     op = entry.get("op")
     if op not in _RECORDED_OPS:
         return f"has an unknown op {shown(op)} (enable records {' or '.join(_RECORDED_OPS)})"
+    if not isinstance(entry.get("file_created", False), bool):
+        return f"has file_created {shown(entry.get('file_created'))}, not true or false"
     parents = entry.get("parents", 0)
     if not isinstance(parents, int) or isinstance(parents, bool) or parents < 0:
         return f"has parents {shown(parents)}, not a count"

@@ -536,7 +536,8 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
         report.todo.append("the 'Bot Chat' sessions, and the rooms' 'Group: <name>' ones, were kept (they hold "
                            "conversations; delete them in hermes if you want them gone)")
         # the record is what makes bot_relay/ ours: say it once nothing is left of it, by --profiles naming them all too
-        report.todo.extend(_left_to_remove(root, _undone_files(selected), everything=not kept, gateway=gateway))
+        report.todo.extend(_left_to_remove(root, _undone_files(selected), _created_files(selected),
+                                           everything=not kept, gateway=gateway))
     if restart is not None and not (served is not None and restart in served):  # not said by the host's line
         report.todo.append(f"restart the hermes gateway if one runs, so it stops hosting the actors: {restart}")
     return report
@@ -545,6 +546,11 @@ def disable(root: Path, profiles: Iterable[str] | None = None) -> SetupReport:
 def _undone_files(undone: list[dict[str, object]]) -> list[str]:
     """Pure: the files (relative to the root) the undone record entries edited, each once, in record order."""
     return list(dict.fromkeys(str(e["file"]) for e in undone))
+
+
+def _created_files(undone: list[dict[str, object]]) -> set[str]:
+    """Pure: the files (relative to the root) the enable record says enable created (an entry's ``file_created``)."""
+    return {str(e["file"]) for e in undone if e.get("file_created") is True}
 
 
 def _profile_yamls(undone: list[dict[str, object]]) -> list[str]:
@@ -611,23 +617,27 @@ def _some(names: list[str]) -> str:
     return listed if len(names) <= _LISTED else f"{listed} and {len(names) - _LISTED} more"
 
 
-def _left_to_remove(root: Path, files: list[str], *, everything: bool, gateway: bool) -> list[str]:
+def _left_to_remove(root: Path, files: list[str], created: set[str], *, everything: bool, gateway: bool) -> list[str]:
     """What disable leaves that is the user's to remove by hand (uninstall step 3 in docs/hermes.md).
 
     Args:
         root: the Hermes root.
         files: the files the undone entries edited (:func:`_undone_files`).
+        created: those of them enable created (:func:`_created_files`): a file the user had, even one holding
+            only comments, is theirs, never said to be enable's.
         everything: the whole record is undone now (no ``--profiles``, or profiles naming every recorded
             edit): ``bot_relay/`` is no longer ours.
         gateway: the gateway's settings were undone (``enable --gateway``'s).
 
     Returns:
-        The "to do" lines: each ``profile.yaml`` or ``config.yaml`` now ``{}`` (enable created it), each
+        The "to do" lines: each ``profile.yaml`` or ``config.yaml`` enable created that is now ``{}``, each
         ``.before-hermes-actors`` copy enable kept of them, ``API_SERVER_KEY`` in the root's ``.env``, and
         ``bot_relay/``.
     """
     emptied = []
     for name in files:
+        if name not in created:
+            continue
         try:
             if read_yaml(root / name) == {}:
                 emptied.append(str(root / name))

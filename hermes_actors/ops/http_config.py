@@ -40,12 +40,12 @@ def check_port(port: int | str, what: str, *, lowest: int = 0) -> int:
 
     Raises:
         ValueError: out of range, e.g. "--http '127.0.0.1:70000': the port 70000 is out of range (0-65535)"
-            (``-1`` too).
+            (``-1`` too, and ``-0``: a signed port is none a server binds, nor a client reaches).
     """
     text = str(port)
     negative = text.startswith("-")
     digits = text.removeprefix("-").lstrip("0") or "0"
-    if (negative and digits != "0") or len(digits) > len(str(MAX_PORT)) or not lowest <= int(digits) <= MAX_PORT:
+    if negative or len(digits) > len(str(MAX_PORT)) or not lowest <= int(digits) <= MAX_PORT:
         raise ValueError(f"{what}: the port {shown(port, str(port))} is out of range ({lowest}-{MAX_PORT})")
     return int(digits)
 

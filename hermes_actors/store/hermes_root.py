@@ -14,7 +14,7 @@ import os
 import re
 import stat
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from hermes_actors.store.yaml_file import load_yaml_file
 
 __all__ = [
     "MANAGED_KEY",
+    "PROFILE_TRUSTED_FILES",
     "alias_forms",
     "discover_profiles",
     "existing_root",
@@ -44,6 +45,7 @@ __all__ = [
     "root_path",
     "scan_profile_dirs",
     "slugify",
+    "untrusted_entry",
     "untrusted_profile",
 ]
 
@@ -270,52 +272,89 @@ def _profiles_base_problem(base: Path) -> str | None:
     return None
 
 
-def untrusted_profile(folder: os.stat_result, profile_yaml: os.stat_result | None, uid: int) -> str | None:
-    """Pure: why a profile folder is not this user's to run as a bot, or None when it is.
+# The files of a profile hermes reads as this user's at each of its turns, so trusted as its folder is: its
+# roster entry (profile.yaml), its model, base_url and plugins (config.yaml), and its keys and variables (.env: the
+# hermes CLI runs a turn with the profile as HERMES_HOME, and loads that folder's .env).
+PROFILE_TRUSTED_FILES = ("profile.yaml", "config.yaml", ".env")
 
-    Every bot runs as this user, with this user's keys: a folder (or its ``profile.yaml``) another user owns,
-    or that other users may write (the other-write bit: a world-writable ``profiles/`` lets anyone plant one,
-    a world-writable file lets anyone edit it), would let another user add a bot to the roster or change what
-    one says. The group-write bit alone is not refused: a user's private group (umask 002) sets it on every
-    folder they make.
+
+def untrusted_entry(what: str, st: os.stat_result, uid: int) -> str | None:
+    """Pure: why a profile's folder or one of its files (:data:`PROFILE_TRUSTED_FILES`) is not this user's to run a
+    bot with, or None when it is: the one rule of :func:`untrusted_profile`.
+
+    It refuses another owner and the other-write bit, not the group-write bit, unlike
+    :func:`~hermes_actors.store.safe_read.writable_by_others` (the rule of the relay's own files, which this
+    package makes 0600/0700 itself): a profile is made by the user, with hermes or by hand, and a user's private
+    group (umask 002, docs/operations.md) sets group-write on every folder and file they make; refusing it would
+    take every such user's bots off the roster.
 
     Args:
-        folder: ``lstat`` of the profile folder.
-        profile_yaml: ``lstat`` of its ``profile.yaml`` (None: missing).
+        what: how the message names it (``it`` for the folder, ``its config.yaml``).
+        st: its ``lstat``.
         uid: this process's uid (the root's owner).
 
     Returns:
         The reason (what is wrong, and what to run when it is this user's after all), or None.
     """
-    for what, st in (("it", folder), ("its profile.yaml", profile_yaml)):
-        if st is None:
-            continue
-        if st.st_uid != uid:
-            return (f"{what} is owned by uid {st.st_uid}, not by this user (uid {uid}), so another user could make it "
-                    "a bot of this root; if it is this user's, chown it (and what is in it) to this user")
-        if st.st_mode & stat.S_IWOTH and not stat.S_ISLNK(st.st_mode):  # a link's mode means nothing (read refuses it)
-            return (f"other users may write {what} (mode {stat.S_IMODE(st.st_mode):04o}), so another user could "
-                    "change what this bot is; take their write permission away (chmod o-w)")
+    if st.st_uid != uid:
+        return (f"{what} is owned by uid {st.st_uid}, not by this user (uid {uid}), so another user could make it "
+                "a bot of this root; if it is this user's, chown it (and what is in it) to this user")
+    if st.st_mode & stat.S_IWOTH and not stat.S_ISLNK(st.st_mode):  # a link's mode means nothing (read refuses it)
+        return (f"other users may write {what} (mode {stat.S_IMODE(st.st_mode):04o}), so another user could "
+                "change what this bot is; take their write permission away (chmod o-w)")
+    return None
+
+
+def untrusted_profile(folder: os.stat_result, files: Mapping[str, os.stat_result | None], uid: int) -> str | None:
+    """Pure: why a profile folder is not this user's to run as a bot, or None when it is.
+
+    Every bot runs as this user, with this user's keys: a folder (or one of the files hermes reads from it at
+    each turn, :data:`PROFILE_TRUSTED_FILES`) another user owns, or that other users may write (a world-writable
+    ``profiles/`` lets anyone plant one, a world-writable ``config.yaml`` lets anyone point the bot's model at
+    their server), would let another user add a bot to the roster or change what one says or where its turns
+    go. Each is judged by :func:`untrusted_entry`.
+
+    Args:
+        folder: ``lstat`` of the profile folder.
+        files: ``lstat`` of its files by name (``profile.yaml``, ``config.yaml``, ``.env``; None: missing).
+        uid: this process's uid (the root's owner).
+
+    Returns:
+        The reason (what is wrong, and what to run when it is this user's after all), or None.
+    """
+    entries = [("it", folder), *((f"its {name}", st) for name, st in files.items() if st is not None)]
+    for what, st in entries:
+        if (problem := untrusted_entry(what, st, uid)) is not None:
+            return problem
     return None
 
 
 def _profile_trust_problem(entry: Path) -> str | None:
-    """:func:`untrusted_profile` of the folder ``entry`` as it is now (its ``profile.yaml`` looked at unfollowed).
+    """:func:`untrusted_profile` of the folder ``entry`` as it is now (its files looked at unfollowed).
 
     Raises:
         OSError: it could not be looked at for a reason that says nothing about it (out of file descriptors).
     """
     try:
         folder = entry.lstat()
-        try:
-            profile_yaml: os.stat_result | None = (entry / "profile.yaml").lstat()
-        except FileNotFoundError:
-            profile_yaml = None
+        files = {name: _lstat_or_none(entry / name) for name in PROFILE_TRUSTED_FILES}
     except OSError as exc:
         if resource_failure(exc):
             raise
         return f"it cannot be looked at ({exc})"
-    return untrusted_profile(folder, profile_yaml, os.getuid())
+    return untrusted_profile(folder, files, os.getuid())
+
+
+def _lstat_or_none(path: Path) -> os.stat_result | None:
+    """``lstat`` of ``path``, None when there is none.
+
+    Raises:
+        OSError: it could not be looked at (other than missing).
+    """
+    try:
+        return path.lstat()
+    except FileNotFoundError:
+        return None
 
 
 def scan_profile_dirs(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
@@ -327,9 +366,9 @@ def scan_profile_dirs(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     Returns:
         ``(folder id, home)`` pairs sorted by name, and the problems, each naming a path and what to do:
         a ``profiles/`` that is a symlink, a file or unreadable (then no pair at all), a profile folder
-        that is a symlink, one (or whose ``profile.yaml``) another user owns or other users may write
-        (:func:`untrusted_profile`), folders whose names are not profile names (``my.bot``, ``sp ace``: one line naming
-        them all, ``core.names.misnamed_profiles_problem``), and folders no DM could reach
+        that is a symlink, one (or one of its :data:`PROFILE_TRUSTED_FILES`) another user owns or other users may
+        write (:func:`untrusted_profile`), folders whose names are not profile names (``my.bot``, ``sp ace``: one
+        line naming them all, ``core.names.misnamed_profiles_problem``), and folders no DM could reach
         (``core.names.unreachable_profiles``: ``hermes``, ``Default``, a second ``Bob``/``bob``). Files, hidden
         ``.…`` folders and ``default`` (hermes' gateway creates ``profiles/default/`` for its own data) are
         skipped without a problem.
