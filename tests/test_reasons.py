@@ -141,6 +141,10 @@ def test_classify_precedence(text: str, expected: str) -> None:
         ("version 2.503.1", "unknown"),
         ("got HTTP 429.", "provider_rate_limit"),  # the end of a sentence is not a decimal point
         ("status 503, retrying", "provider_server_error"),
+        # a hex id's digits are no status code (a room's refusal naming its id was a provider_server_error)
+        ("no room 6efc65d77d8e4b4da0c434453e503d17 here", "unknown"),
+        ("delivery a429b: gone", "unknown"),
+        ("took 500ms", "unknown"),
     ],
 )
 def test_status_codes_match_whole_numbers_only(text: str, expected: str) -> None:

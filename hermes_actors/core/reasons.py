@@ -153,13 +153,14 @@ def _compile_class(codes: tuple[str, ...], phrases: tuple[str, ...]) -> re.Patte
 
     Args:
         codes: HTTP status codes; matched only when not part of a longer number (``1429``, the
-            ``429`` of ``0.429 s`` or of ``1,429 tokens``).
+            ``429`` of ``0.429 s`` or of ``1,429 tokens``) nor of a word (the ``503`` of a hex id such as
+            ``…4453e503d17``: a refusal naming a room or delivery id was said to be the provider's server error).
         phrases: phrases; normalized the same way as the text they are matched against.
 
     Returns:
         The compiled pattern.
     """
-    parts = [rf"(?<![\d.,]){re.escape(code)}(?![.,]?\d)" for code in codes]
+    parts = [rf"(?<![\w.,]){re.escape(code)}(?![.,]?\d)(?![^\W\d])" for code in codes]
     parts += [re.escape(_normalize(phrase)) for phrase in phrases]
     return re.compile("|".join(parts))
 
