@@ -587,9 +587,12 @@ def test_the_demo_whose_stdout_reader_left_removes_its_root(tmp_path: Path) -> N
 
 
 # The console script as pip writes it for pyproject's entry point, in a child process whose import of the module
-# argv[1] names waits for a signal: a Ctrl-C that lands while the command line is still loading.
+# argv[1] names waits for a signal: a Ctrl-C that lands while the command line is still loading. The child takes
+# SIGINT as a command a terminal runs in the foreground does: a test run started in the background (a CI job, `&`)
+# ignores SIGINT, its children inherit that, and the held import then never ended (the stress run's failure).
 _CONSOLE_SCRIPT = """
 import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 class HeldImport:
     def find_spec(self, name, path=None, target=None):

@@ -847,12 +847,17 @@ def test_the_hub_quarantines_misnamed_files_in_an_outbox_as_a_gateway_does_in_it
         (outbox / name).write_text(json.dumps({**seed_envelope(target_connection="mini", target_profile="moxie"),
                                                "id": key}), encoding="utf-8")
         os.chmod(outbox / name, 0o600)
+
+    def said(name: str) -> list[str]:
+        return logs.matching(f"quarantined {outbox / name}", "not a <32 hex>.json regular file")
+
     with LogCapture() as logs, hub_thread({"alpha": alpha, "mini": mini}, rescan_seconds=0.5):
-        await_condition(lambda: sorted(os.listdir(outbox)) == [temp], timeout=30,
-                        message="the misnamed files moved out of outbox/")
+        # the line is logged once the file has moved: wait for both (checking the lines as the last file left
+        # outbox/ raced its line: 1 CI run in many)
+        await_condition(lambda: sorted(os.listdir(outbox)) == [temp] and all(said(n) for n in (upper, long_name)),
+                        timeout=30, message="the misnamed files moved out of outbox/, each said")
         for name in (upper, long_name):
-            assert len(logs.matching(f"quarantined {outbox / name}", "not a <32 hex>.json regular file")) == 1, \
-                logs.lines
+            assert len(said(name)) == 1, logs.lines
     quarantined = os.listdir(alpha / "bot_relay" / "quarantine")
     assert len([q for q in quarantined if q.startswith(upper)]) == 1, quarantined
     assert len([q for q in quarantined if q.startswith(key + "a")]) == 1, quarantined
