@@ -569,9 +569,8 @@ def load_record(root: Path) -> list[dict[str, Any]]:
         if problem is not None:
             raise SetupError(
                 f"{path}: edit {number} of {len(entries)} {problem}; enable never records such an edit, so the "
-                "record is refused and nothing was changed: remove that edit from the record (the next disable "
-                "undoes the others), or move the record aside and undo by hand what enable changed (docs/hermes.md, "
-                "Uninstall, step 2, lists it)"
+                f"record is refused and nothing was changed: remove that edit from the record (the next disable "
+                f"undoes the others). {_by_hand(path)}"
             )
     return entries
 
