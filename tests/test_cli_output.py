@@ -192,8 +192,10 @@ def test_an_error_once_the_request_was_answered_is_no_usage_error(
     assert capsys.readouterr().err.splitlines()[-1] == "error: I/O operation on closed file"
     if argv is ROOM_CREATE:
         assert [room["name"] for room in Gateway(root).list_rooms()] == ["plan"]
-    else:
-        assert _status(root)["counters"]["settled"] == 1
+    else:  # acked: its turn ran before the command's own gateway stopped, or it waits in the journal for the next
+        # start (under load the stop can come first: a stress run failed on `settled == 1`)
+        counters = _status(root)["counters"]
+        assert counters["settled"] + counters["pending"] == 1, counters
 
 
 @pytest.mark.parametrize(("raised", "said"), [
