@@ -80,25 +80,22 @@ def test_a_root_served_by_a_seed_gateway_is_not_advertised_offline_and_stays_rea
                         message="the envelope posted to mini's inbox")
 
 
-def test_an_unknown_connection_and_an_expired_envelope_get_error_replies(two_roots: tuple[Path, Path]) -> None:
+def test_an_expired_envelope_gets_an_error_reply(two_roots: tuple[Path, Path]) -> None:
     alpha, mini = two_roots
     rec = RecordingRunner()
     with (LogCapture("INFO") as logs, Gateway(mini, runner=rec, connection_id="mini"),
           hub_thread({"alpha": alpha, "mini": mini})):
         await_condition((alpha / "bot_relay" / "roster.json").exists, timeout=10)
-        unknown = seed_envelope(target_connection="nowhere", target_profile="moxie")
         expired = seed_envelope(target_connection="mini", target_profile="moxie", created_at=time.time() - 5000)
         fresh = seed_envelope(target_connection="mini", target_profile="moxie")
-        for env in (unknown, expired, fresh):
+        for env in (expired, fresh):
             seed_write_json(alpha / "bot_relay" / "outbox" / f"{env['id']}.json", env, prefix=".env-")
-        for env in (unknown, expired, fresh):
+        for env in (expired, fresh):
             await_condition(lambda e=env: reply_of(alpha, e["id"]), timeout=10, message=f"reply to {env['id']}")
-    unknown_reply, expired_reply = reply_of(alpha, unknown["id"]), reply_of(alpha, expired["id"])
-    assert unknown_reply is not None and unknown_reply["reason"] == "runtime_offline"
-    assert "connection 'nowhere' is not known to this relay" in str(unknown_reply["error"])
+    expired_reply = reply_of(alpha, expired["id"])
     assert expired_reply is not None and expired_reply["reason"] == "queued_expired"
     assert str(expired_reply["error"]).startswith("queued message to @moxie on mini expired after 900s")
-    assert [t.delivery_id for t in rec.entered] == [fresh["id"]]  # neither refused envelope reached the target
+    assert [t.delivery_id for t in rec.entered] == [fresh["id"]]  # the expired envelope never reached the target
     # the hub's one line per DM names both ends of an expired one too (it said "alpha: ? → ?")
     assert len(logs.matching(f"hub: delivery {expired['id']} @alice@alpha → @moxie@mini: failed [queued_expired]")) == 1
 
@@ -551,6 +548,85 @@ def test_a_hub_of_one_root_warns_that_it_relays_nothing(tmp_path: Path, capsys: 
                                 "(give each root to relay with its own --root)", "relay hub stopped"]
 
 
+def test_a_hub_of_one_root_leaves_its_roster_and_queued_dms_alone(tmp_path: Path) -> None:
+    """Regression (review): `relay --root R` alone, "it relays nothing", rewrote R's roster.json (the Desktop's)
+    with no rows, so its agents became "no teammate named …", and failed every DM queued in R's outbox/
+    ``runtime_offline`` "connection 'mini' is not known to this relay": the Desktop serving R lost them. It now
+    touches nothing: the roster, the outbox/ and the replies/ are as they were, and no hub directory is made."""
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    roster = write_roster_file(alpha, [remote_row("dave", "mini"), remote_row("default", "mini", handle="hermes")])
+    env = seed_envelope(target_connection="mini", target_profile="dave")
+    seed_write_json(alpha / "bot_relay" / "outbox" / f"{env['id']}.json", env, prefix=".env-")
+    before = roster.read_bytes(), roster.stat().st_mtime_ns
+    stopped = threading.Event()
+    stopped.set()  # it starts (a hub's start drains every outbox and pushes the rosters), then stops
+    codes: list[int] = []
+    hub = threading.Thread(target=lambda: codes.append(run_hub([alpha], stop=stopped, quiet=True)))
+    hub.start()
+    hub.join(60)
+    assert codes == [0]
+    assert (roster.read_bytes(), roster.stat().st_mtime_ns) == before
+    assert rf.list_ids(alpha / "bot_relay" / "outbox") == [env["id"]]
+    assert reply_of(alpha, env["id"]) is None
+    assert not (alpha / "bot_relay" / "hubclaims").exists()
+
+
+def test_a_dm_for_a_connection_the_hub_does_not_relay_waits_in_its_outbox_for_the_hub_that_does(
+    tmp_path: Path,
+) -> None:
+    """Regression (review): a hub that did not know the DM's connection answered it ``runtime_offline`` "connection
+    'mini' is not known to this relay; the message was NOT delivered.", though another relay serving the root (the
+    Desktop) would deliver it. It now puts it back into the outbox/, unanswered and never claimed again, and a
+    relay that knows the connection delivers it."""
+    from actors import ManualScheduler, Rescan
+
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    zeta = make_root(tmp_path, {"zed": {}}, name="zeta")
+    env = seed_envelope(target_connection="mini", target_profile="moxie")
+    outbox = alpha / "bot_relay" / "outbox"
+    seed_write_json(outbox / f"{env['id']}.json", env, prefix=".env-")
+    with LogCapture("INFO") as logs:
+        hub = HubActor.start([HubRoot.make("alpha", alpha), HubRoot.make("zeta", zeta)], scheduler=ManualScheduler())
+        try:
+            hub.ask(Rescan("manual"), timeout=30)
+            hub.ask(FileAppeared(outbox / f"{env['id']}.json"), timeout=30)  # its put-back's event
+            hub.ask(Rescan("manual"), timeout=30)
+        finally:
+            hub.stop()
+    assert rf.list_ids(outbox) == [env["id"]]
+    assert reply_of(alpha, env["id"]) is None
+    assert rf.list_ids(alpha / "bot_relay" / "claimed") == []
+    assert len(logs.matching(f"hub: delivery {env['id']} @alice@alpha → @moxie@mini left in the outbox/ of alpha",
+                             "relays only for alpha, zeta")) == 1  # claimed once, never again
+    rec = RecordingRunner()
+    with Gateway(mini, runner=rec, connection_id="mini"), hub_thread({"alpha": alpha, "mini": mini}):
+        await_condition(lambda: reply_of(alpha, env["id"]), timeout=30, message="the reply through the mini hub")
+    reply = reply_of(alpha, env["id"])
+    assert reply is not None and reply["error"] == "" and reply["reply"], reply
+    assert [t.delivery_id for t in rec.entered] == [env["id"]]
+
+
+def test_a_hub_keeps_the_roster_rows_of_connections_it_does_not_relay(tmp_path: Path) -> None:
+    """Regression (review): the hub rewrote a root's roster.json with only its own roots' rows, dropping the
+    agents another relay (the Desktop) had pushed there: DMs to them were refused "no teammate named …"."""
+    from actors import ManualScheduler
+    from hermes_actors.messages import RosterPush
+
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    write_roster_file(alpha, [remote_row("dave", "laptop", online=False), remote_row("gone", "mini")])
+    hub = HubActor.start([HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)], scheduler=ManualScheduler())
+    try:
+        hub.ask(RosterPush(), timeout=30)
+    finally:
+        hub.stop()
+    rows = {(r["connection_id"], r["profile"]): r for r in roster_rows(alpha)}
+    # the Desktop's row as it was; mini's rows are the hub's own (its stale "gone" replaced)
+    assert set(rows) == {("laptop", "dave"), ("mini", "default"), ("mini", "moxie")}
+    assert rows[("laptop", "dave")]["online"] is False
+
+
 # ── a DM left in an inbox/ no gateway of ours takes (a seed-served root): the sender's TTL bounds its wait ──
 
 
@@ -957,3 +1033,33 @@ def test_a_dm_the_hub_moved_into_such_an_inbox_ends_queued_expired_with_equal_tt
     assert len(logs.matching(f"hub: delivery {ack['delivery_id']} @alice@alpha → @moxie@mini: failed "
                              "[queued_expired]")) == 1
     assert rf.list_ids(mini / "bot_relay" / "inbox") == [] and rf.list_ids(alpha / "bot_relay" / "outbox") == []
+
+
+def _agent(profile: str, conn: str, online: bool | None = None) -> Any:
+    from hermes_actors.records import RemoteAgent
+
+    return RemoteAgent(profile=profile, handle=profile, connection_id=conn, online=online)
+
+
+@pytest.mark.parametrize(("existing", "ours", "served", "expected"), [
+    ([], [("moxie", "mini")], {"alpha", "mini"}, [("moxie", "mini")]),  # nobody else's rows: the hub's
+    ([("dave", "laptop")], [("moxie", "mini")], {"alpha", "mini"}, [("dave", "laptop"), ("moxie", "mini")]),
+    ([("gone", "mini")], [("moxie", "mini")], {"alpha", "mini"}, [("moxie", "mini")]),  # its own rows replaced
+    ([("old", "alpha")], [], {"alpha", "mini"}, []),  # a row of the root's own connection: the hub's to write
+    ([("dave", "laptop")], [], {"alpha", "mini"}, [("dave", "laptop")]),  # no rows of its own: the others stay
+], ids=["none-kept", "other-kept", "own-replaced", "own-root-dropped", "others-only"])
+def test_merged_roster_writes_the_hubs_rows_and_keeps_the_others(
+    existing: list[tuple[str, str]], ours: list[tuple[str, str]], served: set[str], expected: list[tuple[str, str]],
+) -> None:
+    from hermes_actors.relay.hub import merged_roster
+
+    rows = merged_roster([_agent(p, c) for p, c in existing], [remote_row(p, c) for p, c in ours], served)
+    assert [(r["profile"], r["connection_id"]) for r in rows] == expected
+
+
+def test_merged_roster_keeps_another_writers_row_whole() -> None:
+    from hermes_actors.relay.hub import merged_roster
+
+    assert merged_roster([_agent("dave", "laptop", online=False)], [], {"alpha"}) == [
+        {"profile": "dave", "handle": "dave", "connection_id": "laptop", "connection_label": "", "title": "",
+         "description": "", "online": False}]

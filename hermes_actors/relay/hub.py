@@ -1,12 +1,14 @@
 """The relay hub: plays the Desktop for several local Hermes roots.
 
 ``hermes-actors relay --root A --root B`` pushes each root the others' roster
-(``online: true`` from a gateway's heartbeat, else unknown), drains every outbox
-(claim by rename onto this hub's shelf ``hubclaims/s-<token>/`` — two hubs never
-both win), hands each envelope to the target root's ``inbox/`` and then files it
-in ``claimed/``, and copies the target's ``delivered/`` record back into the
-sender root's ``replies/`` (first write wins). All of it on filesystem events,
-with the periodic rescan as the fallback. A hub killed between a claim and the
+(``online: true`` from a gateway's heartbeat, else unknown; only the rows of its
+own roots: a row of another connection, the Desktop's, is kept as it is), drains
+every outbox (claim by rename onto this hub's shelf ``hubclaims/s-<token>/`` — two
+hubs never both win), hands each envelope to the target root's ``inbox/`` and then
+files it in ``claimed/`` (one for a connection it does not relay goes back into its
+``outbox/``, unanswered, for the relay that serves it), and copies the target's
+``delivered/`` record back into the sender root's ``replies/`` (first write wins).
+All of it on filesystem events, with the periodic rescan as the fallback. A hub killed between a claim and the
 post leaves the envelope on its shelf; the next hub adopts it and finishes the
 post unless the target already has it. An envelope still in the ``inbox/`` of a
 root where no gateway of ours beats (a seed gateway never reads it) once its
@@ -21,7 +23,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,6 +43,7 @@ from hermes_actors.messages import InboxDeadline, RosterPush
 from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.ops.main_thread_wait import MainThreadWait
 from hermes_actors.ops.stop_signals import StopSignals
+from hermes_actors.records import RemoteAgent
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, expiry_deadline, settle_claimed
 from hermes_actors.relay.strays import ensure_relay_directories, puts_back, quarantine_misnamed, quarantine_strays
 from hermes_actors.store import relay_files as rf
@@ -58,6 +61,7 @@ from hermes_actors.store.relay_inbox import (
     return_to_inbox,
 )
 from hermes_actors.store.relay_quarantine import quarantine
+from hermes_actors.store.relay_roster import roster_row_dict
 from hermes_actors.store.relay_shelf import Shelf
 from hermes_actors.store.yaml_file import warned_while_failing
 
@@ -134,6 +138,26 @@ def roster_for(target: HubRoot, roots: list[HubRoot], alive: dict[str, bool]) ->
     return rows
 
 
+def merged_roster(existing: list[RemoteAgent], ours: list[dict[str, Any]],
+                  served: Collection[str]) -> list[dict[str, Any]]:
+    """Pure: the rows the hub writes into a root's ``roster.json``: its own, and every other writer's as they are.
+
+    The hub vouches only for the connections it relays: a row of another connection (the Desktop's, serving
+    the same root) is no agent of its to drop, and dropping it made that agent unknown to the root's senders
+    ("no teammate named …") and the DMs queued for it look undeliverable.
+
+    Args:
+        existing: the rows the root's ``roster.json`` has now (read and normalized).
+        ours: the hub's rows for the root (:func:`roster_for`).
+        served: the connection ids the hub relays: their rows in ``existing`` are replaced by ``ours``.
+
+    Returns:
+        The rows of the other connections, as they were, then the hub's.
+    """
+    kept = [roster_row_dict(agent) for agent in existing if agent.connection_id not in served]
+    return kept + ours
+
+
 def _who_puts_back(paths: InboxPaths, directory: Path) -> str:
     """What the hub's refusal of ``directory`` says about its fix: only what the put-back really fixes is promised.
 
@@ -182,6 +206,9 @@ class HubActor(TypedActor):
         self.refused: set[Path] = set()  # relay directories found swapped for a symlink (or not ours): logged once
         # per root, the relay directories the put-back could not make (quarantine_strays logs each once)
         self.unfixable: dict[str, set[Path]] = {r.name: set() for r in roots}
+        # per root, the envelopes of its outbox/ for a connection this hub does not relay, put back there for the
+        # relay that serves it (the Desktop): never claimed again, forgotten once gone from the outbox/
+        self.elsewhere: dict[str, set[str]] = {r.name: set() for r in roots}
 
     def on_start(self) -> None:
         for root in self.roots:
@@ -219,7 +246,8 @@ class HubActor(TypedActor):
                     logger.error("hub: the claim {} of {} stays on our shelf: {}", envelope_id, source.name, exc)
                     continue
                 if not posted:
-                    self._route(source, envelope)
+                    if not self._route(source, envelope):
+                        continue  # back in its outbox/, for the relay that serves its connection
                     self.counters["resumed"] += 1
                 self._file_claim(source, envelope_id)
             if adopted.ids or adopted.legacy:
@@ -247,13 +275,16 @@ class HubActor(TypedActor):
             # roster pushed before, it is said once while it lasts, and the next push tries again
             with warned_while_failing(f"hub roster push to {root.paths.relay.base}", failing,
                                       f"hub: roster push to {root.name} failed"):  # once while it lasts
-                rows = roster_for(root, self.roots, alive)
+                existing = rf.read_roster(root.paths.relay, now=now)[0]
+                rows = merged_roster(existing, roster_for(root, self.roots, alive), self.by_name)
                 previous = self.last_roster.get(root.name)
                 if not (previous and previous[0] == rows and now - previous[1] < ROSTER_REFRESH_SECONDS):
                     rf.write_roster(root.paths.relay, rows, now=now)
                     self.last_roster[root.name] = (rows, now)
 
     def _drain(self, source: HubRoot, envelope_id: str) -> None:
+        if envelope_id in self.elsewhere[source.name]:
+            return  # for a connection we do not relay: left to the relay that serves it
         result = drain_envelope(self.claiming[source.name], "outbox", envelope_id, ttl=source.ttl, now=time.time())
         if isinstance(result, Expired):
             self._reply(source, result.reply)
@@ -261,7 +292,8 @@ class HubActor(TypedActor):
             self._log(envelope_id, *_ends(source, result.envelope), result.reply, None)
         elif isinstance(result, ToDeliver):
             crashpoint("hub-after-claim-before-post")
-            self._route(source, result.envelope)
+            if not self._route(source, result.envelope):
+                return  # back in its outbox/, for the relay that serves its connection
         else:
             if isinstance(result, Quarantined) and result.reply is not None:  # its sender is told: NOT delivered
                 self.counters["refused"] += 1
@@ -270,20 +302,24 @@ class HubActor(TypedActor):
             return  # another drainer won the rename, or the file was quarantined
         self._file_claim(source, envelope_id)
 
-    def _route(self, source: HubRoot, envelope: dict[str, Any]) -> None:
-        """Hand a claimed envelope to its target's ``inbox/``, or answer why not."""
+    def _route(self, source: HubRoot, envelope: dict[str, Any]) -> bool:
+        """Hand a claimed envelope to its target's ``inbox/``, or answer why not.
+
+        Args:
+            source: the root whose outbox/ it was claimed from (it is on our shelf there).
+            envelope: the claimed envelope.
+
+        Returns:
+            True when it was handed on or answered (its claim is filed next); False when its connection is
+            none of this hub's: it is put back into the outbox/ (:meth:`_leave_for_its_relay`), never answered.
+        """
         envelope_id = envelope["id"]
         sender, to = _ends(source, envelope)
         created = float(envelope["created_at"]) or None  # 0: a seed envelope without one (its age is the mtime's)
         target = self.by_name.get(envelope["target_connection"])
         if target is None:
-            conn = envelope["target_connection"]
-            text = f"connection '{conn}' is not known to this relay; the message was NOT delivered."
-            reply = rp.make_reply(envelope_id, error=text, reason="runtime_offline", now=time.time())
-            self._reply(source, reply)
-            self.counters["refused"] += 1
-            self._log(envelope_id, sender, to, reply, created)
-            return
+            self._leave_for_its_relay(source, envelope)
+            return False
         try:
             post_to_inbox(target.paths, envelope, source.name, sender_ttl=source.ttl)  # the TTL that expires it
             self.counters["drained"] += 1
@@ -299,6 +335,30 @@ class HubActor(TypedActor):
                                   now=time.time())
             self._reply(source, reply)
             self._log(envelope_id, sender, to, reply, created)
+        return True
+
+    def _leave_for_its_relay(self, source: HubRoot, envelope: dict[str, Any]) -> None:
+        """Put an envelope for a connection this hub does not relay back into ``source``'s outbox/, unanswered.
+
+        Another relay serving the root (the Desktop, or a hub over other roots) may know that connection: a
+        ``runtime_offline`` "NOT delivered" here failed a DM it would deliver (the first reply wins). Left in the
+        outbox/, it is delivered by that relay, or its sender's own expiry answers it ``queued_expired`` at
+        the TTL. This hub never claims it again (:attr:`elsewhere`) while it waits there.
+        """
+        envelope_id, conn = envelope["id"], envelope["target_connection"]
+        sender, to = _ends(source, envelope)
+        self.elsewhere[source.name].add(envelope_id)
+        try:
+            moved = rename_between(source.paths.relay.base, self.claiming[source.name].relay.claimed,
+                                   source.paths.relay.outbox, f"{envelope_id}.json")
+        except (OSError, ValidationError) as exc:  # HostileFileError included: the next hub start puts it back
+            logger.error("hub: could not put {} (for connection '{}') back into the outbox/ of {}: {}; it stays on "
+                         "our shelf until the next hub start", envelope_id, conn, source.name, exc)
+            return
+        if moved:
+            logger.info("hub: delivery {} {} → {} left in the outbox/ of {}: this hub relays only for {}, so it "
+                        "waits there for the relay that serves '{}' (or its sender's TTL)", envelope_id, sender, to,
+                        source.name, ", ".join(self.by_name), conn)
 
     @staticmethod
     def _log(envelope_id: str, sender: str, target: str, reply: dict[str, Any], created_at: float | None) -> None:
@@ -549,6 +609,7 @@ class HubActor(TypedActor):
         quarantine_misnamed(root.paths, outbox)
         with self._relay_dir(root, outbox) as fd:
             queued = [] if fd is None else rf.list_ids(outbox, oldest_first=True, dir_fd=fd)
+        self.elsewhere[root.name].intersection_update(queued)  # forget those taken meanwhile (by their relay)
         for envelope_id in queued:
             self._drain(root, envelope_id)
         with self._relay_dir(root, root.paths.delivered) as delivered:
@@ -612,6 +673,33 @@ def _check_hub_name(name: str, root: Path, *, given: bool) -> None:
                          "each --root a --name, in the same order") from None
 
 
+@contextmanager
+def _relaying(hub_roots: list[HubRoot], scheduler: Scheduler, rescan_seconds: float) -> Iterator[None]:
+    """The hub's actor and its watches over ``hub_roots`` while the block runs (none for no roots).
+
+    Args:
+        hub_roots: the roots to relay between (empty: nothing is started).
+        scheduler: the timers' scheduler.
+        rescan_seconds: the watches' rescan period.
+    """
+    if not hub_roots:
+        yield
+        return
+    hub = HubActor.start(hub_roots, scheduler=scheduler)
+    bridges = [
+        FsBridge(r.paths.relay.base, hub, scheduler=scheduler, rescan_seconds=rescan_seconds,
+                 subdirs=HUB_WATCHED).start()
+        for r in hub_roots
+    ]
+    hub.tell(RosterPush())
+    try:
+        yield
+    finally:
+        for bridge in bridges:
+            bridge.stop()
+        hub.stop(block=True, timeout=10)
+
+
 def run_hub(
     roots: list[Path], *, names: list[str] | None = None, rescan_seconds: float = 2.0,
     stop: threading.Event | None = None, quiet: bool = False,
@@ -619,8 +707,10 @@ def run_hub(
     """Run the hub until SIGINT, SIGTERM or SIGHUP (or ``stop`` is set). Returns the exit code.
 
     Unless ``quiet`` it says so on stdout as it starts (``relay hub running for alpha, mini``), warns on
-    stderr when it has a single root (it relays nothing then), and says ``relay hub stopped`` on stderr
-    once it stopped, as ``serve`` says ``gateway stopped``.
+    stderr when it has a single root, and says ``relay hub stopped`` on stderr once it stopped, as ``serve``
+    says ``gateway stopped``. A single root is relayed nothing and left untouched: no roster is written (it
+    emptied the root's ``roster.json``, the Desktop's), no outbox/ drained (it failed every queued DM), no
+    directory made; it only waits for the stop.
 
     Raises:
         ValueError: the ``names`` do not match the ``roots``, a root is given twice, a name is no connection id,
@@ -629,28 +719,18 @@ def run_hub(
         FileNotFoundError: a root does not exist (nothing changed either).
     """
     taken = _checked_roots(roots, names)
-    hub_roots = [HubRoot.make(name, root) for name, root in zip(taken, roots, strict=True)]
+    # one root: nobody to relay to, so nothing of it is touched (not even its relay directories made)
+    hub_roots = [HubRoot.make(name, root) for name, root in zip(taken, roots, strict=True)] if len(taken) > 1 else []
     # SIGINT, SIGTERM and SIGHUP set stop, from before the start to the end of the stop (one rule with serve's)
     signals = StopSignals(stop=stop)
-    with signals.routed(), Scheduler() as scheduler, MainThreadWait() as waits:
-        hub = HubActor.start(hub_roots, scheduler=scheduler)
-        bridges = [
-            FsBridge(r.paths.relay.base, hub, scheduler=scheduler, rescan_seconds=rescan_seconds,
-                     subdirs=HUB_WATCHED).start()
-            for r in hub_roots
-        ]
-        hub.tell(RosterPush())
+    with signals.routed(), Scheduler() as scheduler, MainThreadWait() as waits, \
+            _relaying(hub_roots, scheduler, rescan_seconds):
         if not quiet:
-            print(f"relay hub running for {', '.join(r.name for r in hub_roots)}", flush=True)
-            if len(hub_roots) == 1:  # it runs all the same (as before), with nobody to relay to
-                print(f"warning: a relay hub joins two or more roots; with only {hub_roots[0].root} it relays "
+            print(f"relay hub running for {', '.join(taken)}", flush=True)
+            if not hub_roots:  # it runs all the same (as before), and leaves the root alone
+                print(f"warning: a relay hub joins two or more roots; with only {roots[0]} it relays "
                       "nothing (give each root to relay with its own --root)", file=sys.stderr, flush=True)
-        try:
-            waits.until_set(signals.stop)  # a signal handed to a watcher's thread wakes this wait too
-        finally:
-            for bridge in bridges:
-                bridge.stop()
-            hub.stop(block=True, timeout=10)
+        waits.until_set(signals.stop)  # a signal handed to a watcher's thread wakes this wait too
     if not quiet:
         print("relay hub stopped", file=sys.stderr, flush=True)
     return 0
