@@ -27,6 +27,7 @@ from hermes_actors.facade.args import (
     checked_config,
     checked_hop,
     checked_root,
+    checked_roster_rows,
     checked_workers,
     wait_seconds,
 )
@@ -327,14 +328,17 @@ class Gateway:
             RuntimeError: called from inside one of this gateway's turns (its runner's or a live owner's): the stop
                 would wait for that very turn. Stop it from another thread. Or called in a fork of the
                 process that started it (nothing is stopped: the gateway runs in the parent).
-            TypeError: ``timeout`` is not a number of seconds, or ``abandon`` is neither None nor an object with
-                ``is_set()`` (a bool: pass an Event and set it) (nothing is stopped).
+            TypeError: ``timeout`` is not a number of seconds, ``abandon`` is neither None nor an object with
+                ``is_set()`` (a bool: pass an Event and set it), or ``on_wait`` or ``on_cut_off`` is neither None nor
+                callable (nothing is stopped).
             ValueError: ``timeout`` is NaN (nothing is stopped).
             KeyboardInterrupt: raised by ``on_wait`` or ``on_cut_off`` (after the stop); ``SystemExit`` likewise.
         """
         self._process.refuse_in_fork()
         timeout = wait_seconds("stop", timeout)
         abandon = checked_abandon(abandon)
+        on_wait = checked_callable("stop on_wait", on_wait, "a callable taking (running turns, timeout), or None")
+        on_cut_off = checked_callable("stop on_cut_off", on_cut_off, "a callable taking no arguments, or None")
         refuse_stop_in_own_turn(self._system)
         if not self._lifecycle.begin_stop():  # not running, or another thread stopped it
             return
@@ -421,11 +425,13 @@ class Gateway:
                 fork of the process that started it, or this thread is inside ``message_agent`` already
                 (a finalizer, ``__del__``, that ran during it calls again: nothing is sent; a signal handler's
                 call, on the main thread, queues behind the call it interrupted instead).
-            TimeoutError: the Dispatcher did not answer within 30 s (``actors.AskTimeout``).
-            TypeError: ``hop`` is not a whole number.
+            TimeoutError: the Dispatcher did not answer within 30 s (``actors.AskTimeout``): the DM may still be
+                queued (the request waits in the Dispatcher's mailbox), so it is not to be resent.
+            TypeError: ``hop`` is not a whole number (an int, ``numpy.int64``, a whole float such as ``0.0``; never
+                a bool).
             ValueError: ``hop`` is negative.
         """
-        checked_hop(hop)
+        hop = checked_hop(hop)
         call = self._sends.begin()  # before the state check: stop() sees this call, or this call sees the stop
         try:
             return self._live().send(SendRequest(sender, target, message, hop=hop, session=session))
@@ -747,18 +753,20 @@ class Gateway:
 
         Args:
             rows: the raw, untrusted ``agents`` list, normalized as the seed does: a row that is not a dict, has
-                no profile or connection id, or a name outside the handle grammar is left out (anything but a
-                list keeps none: the roster is then empty).
+                no profile or connection id, or a name outside the handle grammar is left out (``[]`` empties the
+                roster).
 
         Returns:
             How many rows were kept.
 
         Raises:
+            TypeError: ``rows`` is not a list (None included): nothing is written, the roster stays as it was.
             RuntimeError: the gateway is not running, it runs the Redis transport (the relay RPC serves the file
                 relay), or this is a fork of the process that started it.
             HostileFileError: a relay directory is refused (a symlink, another user's).
             StoreError: the file could not be written.
         """
+        rows = checked_roster_rows(rows)  # before the gateway is asked: a wrong type is refused in any state
         return self._desktop_rpc().sync_roster(rows)
 
     @_off_main_thread

@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from loguru import logger
+
+from hermes_actors.core.acks import unconfirmed_answer
+from hermes_actors.core.clipping import shown
 from hermes_actors.core.targets import MESSAGE_MAX_CHARS
 from hermes_actors.messages import BOT_CHAT_SESSION
 
@@ -16,6 +20,7 @@ __all__ = [
     "message_agent_authorized",
     "message_agent_tool",
     "message_agent_tool_schema",
+    "send_failure",
     "tool_result_text",
 ]
 
@@ -105,18 +110,41 @@ def message_agent_tool(
 
     Returns:
         :func:`tool_result_text` of the ack or refusal dict ``Gateway.message_agent`` returns (a bad argument is
-        such a refusal); a gateway that is not running (its ``RuntimeError``) is the refusal ``{"error": "<the
-        error's text>; message_agent is unavailable right now. Try again later.", "reason": "runtime_offline"}``.
-
-    Raises:
-        TimeoutError: the gateway's Dispatcher did not answer within 30 s (``actors.AskTimeout``).
+        such a refusal). Every failure of the send is an error result too, never an exception in the calling bot's
+        tool loop: a gateway that is not running (its ``RuntimeError``) is the refusal ``{"error": "<the error's
+        text>; message_agent is unavailable right now. Try again later.", "reason": "runtime_offline"}``; any other
+        (the Dispatcher did not answer within 30 s, ``TimeoutError``, or the gateway's machinery failed) is
+        :func:`~hermes_actors.core.acks.unconfirmed_answer`: the request may have been taken, so the DM may still
+        run, and the text says not to resend it.
     """
     try:
         result = gateway.message_agent(sender=sender, target=target, message=message, session=session)
     except RuntimeError as exc:
         text = f"{exc}; message_agent is unavailable right now. Try again later."
         result = {"error": text, "reason": "runtime_offline"}
+    except Exception as exc:  # after the request was handed over: its fate is unknown, never "NOT queued"
+        why = send_failure(exc)
+        logger.warning("message_agent from {} to {}: {}; answered that its fate is unknown", shown(sender),
+                       shown(target), why)
+        result = unconfirmed_answer(why)
     return tool_result_text(result)
+
+
+def send_failure(exc: Exception) -> str:
+    """Pure: the clause naming why a send that was handed over got no answer (for :func:`unconfirmed_answer`).
+
+    Args:
+        exc: what ``Gateway.message_agent`` raised (not its ``RuntimeError``).
+
+    Returns:
+        ``"The gateway did not answer in time (AskTimeout: …)"`` for a ``TimeoutError``, else ``"message_agent
+        failed in the gateway (<type>: …)"`` (a text whose ``__str__`` raises: the type alone).
+    """
+    from hermes_actors.local.turns import describe_error  # here: the plugin imports this module in every turn
+
+    if isinstance(exc, TimeoutError):
+        return f"The gateway did not answer in time ({describe_error(exc)})"
+    return f"message_agent failed in the gateway ({describe_error(exc)})"
 
 
 def tool_result_text(result: dict[str, Any]) -> str:

@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from roots import make_root
+from roots import RecordingRunner, body_of, make_root, send_dm, start_gateway
 
+from actors.testkit import await_condition
 from hermes_actors import Gateway
+from hermes_actors.local import asking_turn
+from hermes_actors.messages import Turn
 
 SENDERS = 16
 DMS = 800
@@ -106,3 +109,47 @@ def test_not_durable_makes_no_journal_fsync(tmp_path: Path, monkeypatch: pytest.
     assert syncs.total == 0, dict(syncs.calls)
     journal_dir = root / "bot_relay" / "journal"
     assert not journal_dir.exists() or not list(journal_dir.iterdir())
+
+
+def test_a_dm_whose_journal_commit_stalls_past_its_ack_wait_is_never_told_not_queued(
+    tmp_path: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (finding, core/acks.py ``resolve_ack``): a durable DM sent from inside a turn is journaled by the
+    Dispatcher, and its ack waits for that commit. One whose commit stalled past the wait (30 s; 0.2 s here) was
+    answered "the message was NOT queued", yet the commit landed and the DM ran: a resend ran it twice. Now the
+    answer says its fate is unknown and not to resend."""
+    wait = 10.0
+    gate, syncing, armed, answered = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+    real_sync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if armed.is_set():  # the stall: every commit from now on waits for the gate (opened once answered)
+            syncing.set()
+            gate.wait(wait)
+        real_sync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    real_resolve = asking_turn.resolve_ack
+    monkeypatch.setattr(asking_turn, "resolve_ack", lambda answer, *, timeout: real_resolve(answer, timeout=0.2))
+    answers: list[dict[str, Any]] = []
+
+    def behave(turn: Turn) -> str:
+        if body_of(turn.content) == "ask carol":
+            armed.set()
+            answers.append(turn.message_agent("carol", "stalled"))
+            answered.set()
+        return "ok"
+
+    runner = RecordingRunner(behave)
+    gw = start_gateway(gateways, make_root(tmp_path), runner, durable=True)
+    send_dm(gw, "ask carol")
+    assert answered.wait(wait), "the turn's message_agent did not answer"
+    assert syncing.wait(wait)  # the commit holding the DM's accepted record is the stalled one
+    armed.clear()
+    gate.set()
+    await_condition(lambda: "stalled" in [body_of(t.content) for t in runner.entered], timeout=wait,
+                    message="the DM whose commit stalled ran once the commit landed")
+    answer = answers[0]
+    assert "delivery_id" not in answer and answer["reason"] == "unknown", answer
+    assert "NOT queued" not in answer["error"], answer
+    assert "did not confirm within 0.2s" in answer["error"] and "Do NOT resend" in answer["error"], answer

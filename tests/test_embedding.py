@@ -27,6 +27,7 @@ from hermes_actors.facade.outcomes import CHECK_GRACE
 from hermes_actors.local.dispatcher import DispatcherActor
 from hermes_actors.local.roster import RosterActor
 from hermes_actors.messages import CheckOutcome
+from hermes_actors.tool import message_agent_tool
 
 WAIT = 30.0
 PROCESS_DEADLINE = 60.0  # a child process that hangs (the bugs) fails the test instead of holding it
@@ -381,6 +382,63 @@ def test_wait_outcome_is_bounded_by_its_timeout_when_the_dispatcher_does_not_ans
         release_check.set()
         release_turn.set()
         gw.stop()
+
+
+def test_the_tool_answers_a_dispatcher_that_does_not_answer_in_time_with_its_error_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (review apismall): ``message_agent_tool`` caught only ``RuntimeError``: a Dispatcher that did not
+    answer within the send's wait (30 s; 0.3 s here) raised ``TimeoutError`` into the calling bot's tool loop. Now
+    it is the tool's error result, saying the request may still be taken (it waits in the Dispatcher's mailbox),
+    never that it was NOT queued."""
+    from hermes_actors import system
+
+    release, stuck_in = threading.Event(), threading.Event()
+    original = DispatcherActor._on_send
+
+    def stuck(self: DispatcherActor, msg: Any) -> Any:
+        stuck_in.set()
+        release.wait(WAIT)
+        return original(self, msg)
+
+    monkeypatch.setattr(DispatcherActor, "_on_send", stuck)
+    monkeypatch.setattr(system, "ASK_TIMEOUT", 0.3)
+    gw = Gateway(make_root(tmp_path), runner=RecordingRunner())
+    gw.start()
+    try:
+        # a target no local profile has is asked of the Dispatcher (a local one is admitted on this thread)
+        text = message_agent_tool(gw, sender="alice", target="nobody", message="hi")
+        assert stuck_in.is_set()
+    finally:
+        release.set()
+        gw.stop()
+    result = json.loads(text)
+    assert set(result) == {"error", "reason"} and result["reason"] == "unknown", result
+    assert result["error"].startswith("The gateway did not answer in time (AskTimeout: "), result
+    assert "NOT queued" not in result["error"] and "Do NOT resend" in result["error"], result
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this error cannot be rendered")
+
+
+@pytest.mark.parametrize(("raised", "says"), [
+    (ValueError("a bug"), "message_agent failed in the gateway (ValueError: a bug)"),
+    (_Unprintable(), "message_agent failed in the gateway (_Unprintable)"),
+    (TimeoutError("no answer"), "The gateway did not answer in time (TimeoutError: no answer)"),
+])
+def test_the_tool_answers_any_failure_of_the_send_with_its_error_result(raised: Exception, says: str) -> None:
+    """Regression (review apismall): any failure of the gateway's machinery but ``RuntimeError`` escaped the tool."""
+
+    class Failing:
+        def message_agent(self, **_: Any) -> dict[str, Any]:
+            raise raised
+
+    result = json.loads(message_agent_tool(Failing(), sender="alice", target="bob", message="hi"))  # type: ignore[arg-type]
+    assert result == {"error": f"{says}, so whether the message was queued is unknown: it may still be delivered. "
+                               "Do NOT resend it (a resend could deliver it twice); if it was queued, its outcome "
+                               "notification follows.", "reason": "unknown"}
 
 
 @pytest.mark.parametrize("durable", [False, True])

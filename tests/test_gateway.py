@@ -1428,6 +1428,32 @@ def test_stop_refuses_a_bad_abandon_and_stops_nothing(root: Path, gateways: list
     assert gw.wait_outcome(waiting, timeout=10)["reply"] == "ok: after it"
 
 
+@pytest.mark.parametrize(("hook", "value", "needle"), [
+    ("on_wait", 1, "stop on_wait must be a callable taking (running turns, timeout), or None, not int"),
+    ("on_wait", "print", "stop on_wait must be a callable taking (running turns, timeout), or None, not str"),
+    ("on_cut_off", True, "stop on_cut_off must be a callable taking no arguments, or None, not bool"),
+])
+def test_stop_refuses_a_hook_that_is_not_callable_and_stops_nothing(root: Path, gateways: list[Gateway], hook: str,
+                                                                  value: Any, needle: str) -> None:
+    """Regression (review apismall): ``stop(on_wait=1)`` was taken: the stop went ahead, and the hook's TypeError was
+    only logged once it was called, while running turns were being waited for. Now the hooks are checked with
+    ``timeout`` and ``abandon``, before anything stops."""
+    release = threading.Event()
+    runner = RecordingRunner(held_on("held", release))
+    gw = start_gateway(gateways, root, runner, durable=False)
+    running = queued(gw.message_agent(sender="alice", target="bob", message="held"))
+    runner.wait_entered(1, timeout=20)
+    try:
+        with pytest.raises(TypeError) as caught:
+            gw.stop(timeout=1, **{hook: value})
+        assert needle in str(caught.value)
+        assert gw.running  # still running, and still settling what it accepted
+    finally:
+        release.set()
+    assert gw.wait_outcome(running, timeout=10)["reply"] == "ok: held"
+    assert gw.wait_outcome(queued(gw.message_agent(sender="alice", target="bob", message="after")), timeout=10)
+
+
 def test_stop_abandons_through_anything_with_is_set(root: Path, gateways: list[Gateway]) -> None:
     """``abandon`` is duck-typed: an object with ``is_set()`` (here set from the start) abandons the running turn."""
     release = threading.Event()
@@ -1570,6 +1596,23 @@ def test_message_agent_names_a_bad_hop(root: Path, gateways: list[Gateway], hop:
     with pytest.raises(error, match="message_agent hop must be"):
         gw.message_agent(sender="alice", target="bob", message="hi", hop=hop)
     assert gw.stats()["accepted"] == 0
+
+
+@pytest.mark.parametrize("make", [
+    lambda: 0.0, lambda: 2.0, lambda: pytest.importorskip("numpy").int64(2),
+    lambda: pytest.importorskip("numpy").float64(2.0),
+], ids=["0.0", "2.0", "np.int64", "np.float64"])
+def test_message_agent_takes_any_whole_number_as_its_hop(root: Path, gateways: list[Gateway],
+                                                         make: Callable[[], Any]) -> None:
+    """Regression (review apismall): ``hop=numpy.int64(2)`` and ``hop=0.0`` were refused "must be a whole number",
+    where ``workers`` takes any whole number (facade/args.py, one rule). The DM goes as that hop, an int: journaled
+    (durable, the default) and run, and held to the guard's limit."""
+    gw = start_gateway(gateways, root, config={"bot_mode": {"max_hops": 2}})
+    hop = make()
+    ack = gw.message_agent(sender="alice", target="bob", message="hi", hop=hop)
+    assert gw.wait_outcome(queued(ack), timeout=10)["status"] == "replied"
+    deeper = gw.message_agent(sender="alice", target="carol", message="hi", hop=hop - hop + 3)  # 3 of its type
+    assert deeper["reason"] == "loop_guard" and "hop 3 of" in deeper["error"], deeper
 
 
 def test_a_relayed_in_dm_deeper_than_our_hop_limit_is_answered_loop_guard_not_run(

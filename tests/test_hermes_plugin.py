@@ -77,6 +77,27 @@ def test_parse_hop(raw: str | None, hop: int) -> None:
     assert plugin.parse_hop(raw) == hop
 
 
+def test_a_hosted_send_that_fails_after_it_was_handed_over_is_never_told_not_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (review apismall): in the process hosting the actors, a ``TimeoutError`` of the send (its
+    Dispatcher did not answer in time; the request waits in its mailbox and may still be queued) fell through to
+    the handler's catch-all, "the message was NOT sent": a resend could deliver it twice."""
+    from hermes_actors.hermes import host
+
+    class Unanswered:
+        def message_agent(self, **_: Any) -> dict[str, Any]:
+            raise TimeoutError("DispatcherActor did not answer SendRequest within 30s")
+
+    monkeypatch.setattr(plugin, "active_profile_home", lambda: tmp_path / "root" / "profiles" / "alice")
+    monkeypatch.setattr(plugin, "session_lineage_titles", lambda db, session: ["Bot Chat"])
+    monkeypatch.setattr(host, "hosted_gateway", lambda root: Unanswered())
+    result = json.loads(plugin.message_agent_handler({"target": "bob", "message": "hi"}, session_id="s-bot"))
+    assert result["reason"] == "unknown" and "NOT sent" not in result["error"], result
+    assert result["error"].startswith("The gateway did not answer in time (TimeoutError: DispatcherActor"), result
+    assert "Do NOT resend" in result["error"], result
+
+
 # ── through hermes' plugin loader ───────────────────────────────────────────
 
 _NO_HERMES = "hermes-agent is not installed in this venv (the `hermes` extra; or run with /tmp/hv/bin/python)"

@@ -46,6 +46,21 @@ def test_a_desktop_style_round_trip_through_the_rpc_methods(tmp_path: Path) -> N
     assert outcome["text"] == "Reply from @bob on mini: from bob over the relay"
 
 
+@pytest.mark.parametrize("rows", [None, {"profile": "bob", "connection_id": "mini"}, "[]", ()],
+                         ids=["None", "a row alone", "str", "tuple"])
+def test_relay_sync_roster_refuses_rows_that_are_no_list_and_keeps_the_roster(tmp_path: Path, rows: Any) -> None:
+    """Regression (review apismall): ``relay_sync_roster(None)`` (anything but a list) returned 0 quietly and
+    emptied ``roster.json``: every remote agent unreachable. Now it is refused naming the argument, before the
+    roster is touched."""
+    root = make_root(tmp_path / "a")
+    with Gateway(root, runner=lambda t: "x", durable=False) as gw:
+        assert gw.relay_sync_roster([{"profile": "bob", "connection_id": "mini"}]) == 1
+        with pytest.raises(TypeError, match=r"relay_sync_roster rows must be the Desktop's agents list \(a list of"):
+            gw.relay_sync_roster(rows)
+        assert [row["profile"] for row in gw.roster() if row["connection_id"] == "mini"] == ["bob"]
+        assert gw.relay_sync_roster([]) == 0  # an empty list empties it
+
+
 def test_drain_expires_old_envelopes_and_reply_classifies_a_missing_reason(tmp_path: Path) -> None:
     root = make_root(tmp_path / "a")
     paths = RelayPaths.from_root(root).ensure()

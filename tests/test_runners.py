@@ -18,7 +18,7 @@ import pytest
 from roots import assert_gone, write_fake_cli
 
 from hermes_actors.errors import TurnFailed
-from hermes_actors.facade.args import MAX_WAIT
+from hermes_actors.facade.args import MAX_WAIT, checked_hop
 from hermes_actors.local import runners
 from hermes_actors.local.runners import CallableRunner, CommandRunner, TurnRunner, as_runner, resolve_cli
 from hermes_actors.local.turns import attempt_turn
@@ -544,6 +544,49 @@ def test_bad_timeout_or_env_is_refused_by_the_constructor_naming_it(kwargs: dict
     with pytest.raises(error) as caught:
         CommandRunner("/bin/true", **kwargs)
     assert needle in str(caught.value)
+
+
+@pytest.mark.parametrize(("hop", "expected"), [
+    (0, 0), (3, 3), (0.0, 0), (2.0, 2), (-0.0, 0), (True, TypeError), (False, TypeError), (1.5, TypeError),
+    (float("inf"), TypeError), (float("nan"), TypeError), ("1", TypeError), (None, TypeError),
+    (Decimal("1"), TypeError), (-1, ValueError), (-2.0, ValueError),
+])
+def test_checked_hop_takes_whole_numbers_as_workers_does(hop: Any, expected: int | type[Exception]) -> None:
+    """The one rule for whole numbers (``facade.args._whole``): anything ``operator.index`` takes or a whole float,
+    never a bool. Regression (review apismall): ``0.0`` was refused (and ``numpy.int64``, in test_gateway)."""
+    if isinstance(expected, type):
+        with pytest.raises(expected, match="message_agent hop must be"):
+            checked_hop(hop)
+    else:
+        assert (checked_hop(hop), type(checked_hop(hop))) == (expected, int)
+
+
+class _BytesPath:
+    """A path whose ``os.fspath`` is bytes (``os.PathLike[bytes]``)."""
+
+    def __fspath__(self) -> bytes:
+        return b"/bin/true"
+
+
+@pytest.mark.parametrize("cli", [5, b"/bin/true", ["/bin/true"], _BytesPath()],
+                         ids=["int", "bytes", "list", "bytes-path"])
+@pytest.mark.parametrize("make", ["CommandRunner", "HermesCliRunner"])
+def test_a_cli_that_is_no_str_nor_path_is_refused_by_the_constructor_naming_it(cli: Any, make: str) -> None:
+    """Regression (review apismall): ``CommandRunner(cli=5)`` was taken, and every turn then failed ``unknown``
+    ("expected str, bytes or os.PathLike object, not int"); ``HermesCliRunner(cli=5)`` likewise. Now the constructor
+    refuses it, naming the argument."""
+    from hermes_actors.hermes.cli_runner import HermesCliRunner
+
+    runner_type = CommandRunner if make == "CommandRunner" else HermesCliRunner
+    with pytest.raises(TypeError) as caught:
+        runner_type(cli)
+    assert str(caught.value).startswith("cli must be the hermes executable, a path or a name as a str")
+    decodable = isinstance(cli, (bytes, _BytesPath))
+    assert ("; decode it: os.fsdecode(cli)" in str(caught.value)) is decodable, caught.value
+
+
+def test_a_cli_path_is_taken_as_its_str() -> None:
+    assert CommandRunner(Path("/bin/true")).cli == "/bin/true"
 
 
 @pytest.mark.parametrize("make", [

@@ -11,7 +11,7 @@ import pykka
 
 from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.names import HANDLE_RE
-from hermes_actors.core.reasons import RUNTIME_OFFLINE
+from hermes_actors.core.reasons import RUNTIME_OFFLINE, UNKNOWN
 from hermes_actors.core.targets import dm_body, message_length_problem, text_problem
 from hermes_actors.core.wake import WAKE_ORIGIN, wake_text_problem
 from hermes_actors.errors import ValidationError
@@ -29,6 +29,7 @@ __all__ = [
     "journal_refusal",
     "outcome_from_record",
     "resolve_ack",
+    "unconfirmed_answer",
 ]
 
 
@@ -68,7 +69,9 @@ def resolve_ack(answer: Any, *, timeout: float) -> dict[str, Any]:
     """The ack dict from a SendRequest answer (waiting for the journal in durable mode).
 
     A PendingAck may be answered with another one (the relay does not reach a ``bot_peers`` peer: the peer DM's
-    own ack then waits for its ``accepted`` record); ``timeout`` bounds the whole wait.
+    own ack then waits for its ``accepted`` record); ``timeout`` bounds the whole wait. One not answered in time
+    is :func:`unconfirmed_answer`: its DM goes on without the sender (a journal commit that stalled lands and the
+    DM runs, the relay queues the envelope), so it is never answered "NOT queued".
 
     Raises:
         TypeError: the answer is neither a dict nor a PendingAck.
@@ -78,13 +81,30 @@ def resolve_ack(answer: Any, *, timeout: float) -> dict[str, Any]:
         try:
             answer = answer.future.get(timeout=max(0.0, deadline - time.monotonic()))
         except pykka.Timeout:
-            return {
-                "error": f"{answer.waiting_for} did not confirm within {timeout}s; the message was NOT queued.",
-                "reason": "unknown",
-            }
+            return unconfirmed_answer(f"{answer.waiting_for} did not confirm within {timeout}s")
     if not isinstance(answer, dict):
         raise TypeError(f"SendRequest answered {type(answer).__name__}, expected a dict")
     return answer
+
+
+def unconfirmed_answer(why: str) -> dict[str, Any]:
+    """Pure: the answer to a sender whose DM may or may not have been queued: its fate is unknown.
+
+    The request reached the gateway's machinery (a journal commit, the relay, the Dispatcher's mailbox),
+    which did not say in time whether it took it: the DM may still be queued and run. A resend could deliver
+    it twice, so the text says not to resend, and never that it was NOT queued.
+
+    Args:
+        why: what did not confirm, as a clause (``"The delivery journal did not confirm within 30.0s"``).
+
+    Returns:
+        The refusal-shaped dict, ``{"error", "reason": "unknown"}``.
+    """
+    return {
+        "error": f"{why}, so whether the message was queued is unknown: it may still be delivered. Do NOT resend "
+        "it (a resend could deliver it twice); if it was queued, its outcome notification follows.",
+        "reason": UNKNOWN,
+    }
 
 
 def journal_refusal(error: BaseException) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 from hermes_actors.core.clipping import shown
 from hermes_actors.store.hermes_root import root_path
 
-__all__ = ["MAX_WAIT", "checked_abandon", "checked_callable", "checked_config", "checked_env", "checked_hop",
-           "checked_root", "checked_workers", "positive_seconds", "wait_seconds"]
+__all__ = ["MAX_WAIT", "checked_abandon", "checked_callable", "checked_cli", "checked_config", "checked_env",
+           "checked_hop", "checked_root", "checked_roster_rows", "checked_workers", "positive_seconds", "wait_seconds"]
 
 _Hook = TypeVar("_Hook")
 
@@ -159,20 +159,37 @@ def checked_workers(workers: Any) -> int:
     if isinstance(workers, bool):
         raise TypeError(f"Gateway workers must be a number of turn worker threads (e.g. 64), not a bool "
                         f"({workers!r})")
-    if isinstance(workers, float):
-        if not workers.is_integer():
-            raise ValueError(f"Gateway workers must be a whole number of turn worker threads (e.g. 64), "
-                             f"not {workers!r}")
-        count = int(workers)
-    else:
-        try:
-            count = operator.index(workers)
-        except TypeError:
-            raise TypeError(f"Gateway workers must be a whole number of turn worker threads (e.g. 64), not "
-                            f"{type(workers).__name__} ({shown(workers)})") from None
+    count = _whole(workers)
+    if count is None and isinstance(workers, float):
+        raise ValueError(f"Gateway workers must be a whole number of turn worker threads (e.g. 64), "
+                         f"not {workers!r}")
+    if count is None:
+        raise TypeError(f"Gateway workers must be a whole number of turn worker threads (e.g. 64), not "
+                        f"{type(workers).__name__} ({shown(workers)})")
     if count < 1:
         raise ValueError(f"Gateway workers must be 1 or more (the turn worker thread cap), not {count}")
     return count
+
+
+def _whole(value: Any) -> int | None:
+    """Pure: ``value`` as an int when it is a whole number as an embedder passes one (the one rule for whole-number
+    arguments): anything ``operator.index`` takes (an int, ``numpy.int64``) or a float without a fraction (``8.0``).
+
+    Args:
+        value: the value as given.
+
+    Returns:
+        The int, or None: a bool (``True`` is no count), a float with a fraction (``8.5``, ``inf``, NaN), or no
+        number at all (a str, None).
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def checked_env(env: Any) -> dict[str, str]:
@@ -259,21 +276,63 @@ def checked_config(config: Any) -> dict[str, Any]:
 
 
 def checked_hop(hop: Any) -> int:
-    """``message_agent(hop=...)``: the DM's depth in its conversation.
+    """``message_agent(hop=...)``: the DM's depth in its conversation, a whole number (:func:`_whole`).
 
     Args:
         hop: the hop as given.
 
     Returns:
-        The hop.
+        The hop, an int: from anything ``operator.index`` takes (an int, ``numpy.int64``) or a whole float (``0.0``).
 
     Raises:
-        TypeError: not a whole number (a bool included).
+        TypeError: not a whole number (a bool, a float with a fraction, a str, None).
         ValueError: negative.
     """
-    if isinstance(hop, bool) or not isinstance(hop, int):
+    value = _whole(hop)
+    if value is None:
         raise TypeError(f"message_agent hop must be a whole number (0 for a first DM), not {type(hop).__name__} "
                         f"({hop!r})")
-    if hop < 0:
+    if value < 0:
         raise ValueError(f"message_agent hop must be 0 or more, not {hop}")
-    return hop
+    return value
+
+
+def checked_cli(cli: Any) -> str | None:
+    """``CommandRunner(cli=...)`` (and ``HermesCliRunner``'s): the hermes executable, a path or a name (None: found).
+
+    Args:
+        cli: the value as given.
+
+    Returns:
+        ``cli`` as a str (a path made one with ``os.fspath``), or None when it is None.
+
+    Raises:
+        TypeError: neither None, a str nor a path (bytes: decode them, ``os.fsdecode``).
+    """
+    if cli is None or isinstance(cli, str):
+        return cli
+    name = os.fspath(cli) if isinstance(cli, os.PathLike) else cli
+    if not isinstance(name, str):
+        raise TypeError(f"cli must be the hermes executable, a path or a name as a str (e.g. 'hermes' or "
+                        f"'/usr/local/bin/hermes'), not {type(cli).__name__} ({shown(cli)})"
+                        + _str_advice(name, "cli"))
+    return name
+
+
+def checked_roster_rows(rows: Any) -> list[Any]:
+    """``Gateway.relay_sync_roster(rows)``: the Desktop's ``agents`` list (its rows are checked one by one later).
+
+    Args:
+        rows: the value as given.
+
+    Returns:
+        ``rows``.
+
+    Raises:
+        TypeError: not a list (None included: pass ``[]`` to empty the remote roster).
+    """
+    if not isinstance(rows, list):
+        raise TypeError(f"relay_sync_roster rows must be the Desktop's agents list (a list of row dicts, e.g. "
+                        f"[{{'profile': 'bob', 'connection_id': 'mini'}}]), not {type(rows).__name__} "
+                        f"({shown(rows)}); pass [] to empty the remote roster")
+    return rows

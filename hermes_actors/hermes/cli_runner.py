@@ -25,6 +25,7 @@ from loguru import logger
 
 from hermes_actors.core.reasons import MISSING_CONFIG, RUNTIME_OFFLINE, UNKNOWN
 from hermes_actors.errors import TurnFailed
+from hermes_actors.facade.args import checked_cli
 from hermes_actors.hermes.cli_output import reply_or_failure
 from hermes_actors.hermes.gateway_process import gateway_pid
 from hermes_actors.hermes.install import (
@@ -157,20 +158,22 @@ class HermesCliRunner(CommandRunner):
         flags: the chat flags to use; detected from ``hermes chat --help`` when None.
 
     Raises:
-        TypeError, ValueError: a bad ``timeout`` or ``env``, as :class:`CommandRunner`'s.
+        TypeError, ValueError: a bad ``cli``, ``timeout`` or ``env``, as :class:`CommandRunner`'s (``cli`` is checked
+            before it is looked up).
     """
 
     real_hermes = True  # turns run on the real Hermes: ``bot_mode.wake_sender: auto`` wakes senders
 
     def __init__(
         self,
-        cli: str | None = None,
+        cli: str | os.PathLike[str] | None = None,
         *,
         timeout: float = 600,
         dm_base: Path | None = None,
         env: dict[str, str] | None = None,
         flags: ChatFlags | None = None,
     ) -> None:
+        cli = checked_cli(cli)
         found = find_hermes_cli(cli)
         super().__init__(found or cli or "hermes", timeout=timeout, dm_base=dm_base, env=env)
         self.cli_found = found is not None

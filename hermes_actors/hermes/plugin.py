@@ -203,13 +203,17 @@ def _handle(args: dict[str, Any], session_id: str) -> dict[str, Any]:
 
     gateway = hosted_gateway(root)
     if gateway is not None:  # this process hosts the actors (the hermes gateway with our platform)
+        from hermes_actors.core.acks import unconfirmed_answer
         from hermes_actors.hermes.submit_protocol import offline_refusal
+        from hermes_actors.tool import send_failure
 
         try:
             return gateway.message_agent(sender=sender, target=target, message=message,
                                          hop=dm_hop(hop, session_id))
         except RuntimeError:
             return offline_refusal(root)
+        except Exception as exc:  # handed over (a Dispatcher that did not answer in time): never "NOT sent"
+            return unconfirmed_answer(send_failure(exc))
     from hermes_actors.hermes.submit_client import submit_dm
 
     return submit_dm(root, sender, target, message, hop=hop, timeout=_SUBMIT_TIMEOUT, session=session_id)

@@ -27,7 +27,7 @@ from pathlib import Path
 from loguru import logger
 
 from hermes_actors.errors import TurnFailed
-from hermes_actors.facade.args import checked_env, positive_seconds
+from hermes_actors.facade.args import checked_cli, checked_env, positive_seconds
 from hermes_actors.local import dm_files as dmfiles
 from hermes_actors.local.cli_process import (
     REAP_SECONDS,
@@ -67,7 +67,7 @@ class CommandRunner:
     """Runs one turn with the real CLI (``hermes -p <profile> chat ... --query-file <f>``).
 
     Args:
-        cli: the executable; :func:`resolve_cli` when None.
+        cli: the executable, a str or a path; :func:`resolve_cli` when None (or "").
         timeout: seconds one turn may take before its process group is killed (a real number above 0:
             an int, a float, a ``Decimal``, a ``Fraction``, numpy's; ``inf``: as
             long as a clock can count).
@@ -75,23 +75,24 @@ class CommandRunner:
         env: variables set over ``os.environ`` for every turn: a dict of str to str.
 
     Raises:
-        TypeError: ``timeout`` is not a number (a bool, a str...), or ``env`` is not a dict of str to str
-            (the key is named).
+        TypeError: ``cli`` is neither None, a str nor a path (an int, bytes...), ``timeout`` is not a number (a bool,
+            a str...), or ``env`` is not a dict of str to str (the key is named).
         ValueError: ``timeout`` is not positive (or NaN), or an ``env`` key is no variable name (empty, or
             holding ``=`` or a NUL) or a value holds a NUL.
     """
 
     def __init__(
         self,
-        cli: str | None = None,
+        cli: str | os.PathLike[str] | None = None,
         *,
         timeout: float = 600,
         dm_base: Path | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
+        name = checked_cli(cli)
         self.timeout = positive_seconds("timeout", timeout)
         self.env: dict[str, str] = checked_env(env)
-        self.cli = cli if cli else resolve_cli()
+        self.cli = name if name else resolve_cli()
         self.dm_base = dm_base
         self._kept: dict[str, Path] = {}
         self._kept_lock = threading.Lock()

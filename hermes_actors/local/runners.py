@@ -47,6 +47,7 @@ from types import BuiltinFunctionType, FunctionType, MethodType
 from typing import Protocol, runtime_checkable
 
 from hermes_actors.core.clipping import clip
+from hermes_actors.core.reasons import UNKNOWN
 from hermes_actors.local.cli_process import (
     REFUSAL_MARKER,
     CliResult,
@@ -145,7 +146,7 @@ class ReplyTypeError(TypeError):
     ``rate_limit`` or ``timeout`` is no provider's rate limit or timeout.
     """
 
-    reason = "unknown"
+    reason = UNKNOWN
 
 
 # A runner's name in an error: its type's (or function's) qualified name, up to here (a name is code's, not data).
