@@ -391,3 +391,29 @@ def test_a_symlinked_started_directory_at_start_is_never_followed(tmp_path: Path
     assert victim.read_text() == "not yours"
     assert (files.directory / ".started").is_dir() and not (files.directory / ".started").is_symlink()
     assert not files.began(uuid.uuid4().hex)
+
+
+@pytest.mark.parametrize("decoy", [True, False], ids=["decoy-room-file-outside", "nothing-outside"])
+def test_a_member_turn_through_a_swapped_rooms_directory_is_refused_never_judged_by_a_file_outside(
+    tmp_path: Path, decoy: bool
+) -> None:
+    # Regression (swapped directories): whether the room of a member turn was still there was looked up by path,
+    # so through a rooms/ swapped for a symlink a file outside the root decided it, and with none there the turn
+    # failed "room … was disbanded" though nobody disbanded it. Now rooms/ is looked into only through the
+    # checked walk: refused, naming the symlink; the turn does not run either way.
+    from hermes_actors.errors import StoreError
+    from hermes_actors.rooms.store import RoomStartMarks
+
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
+    files = RoomFiles(root, fsync=False).ensure()
+    room_id = uuid.uuid4().hex
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if decoy:
+        (outside / f"{room_id}.json").write_text("{}")
+    os.rename(files.directory, tmp_path / "rooms.real")
+    os.symlink(outside, files.directory)
+    with pytest.raises(StoreError) as raised:
+        RoomStartMarks(root, room_id, fsync=False).append_durably({"t": "started", "id": uuid.uuid4().hex})
+    assert "was refused" in str(raised.value) and f"{files.directory} is a symlink" in str(raised.value)
+    assert sorted(os.listdir(outside)) == ([f"{room_id}.json"] if decoy else [])

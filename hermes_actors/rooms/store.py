@@ -363,7 +363,8 @@ class RoomStartMarks:
         turn_id = str(record.get("id"))
         files = self.files
         try:
-            if not os.path.lexists(files.path(self.room_id)):  # disbanded while the turn was queued
+            # disbanded while the turn was queued; looked up through the checked rooms/ (a swapped one is refused)
+            if not lexists_below(files.relay.base, files.path(self.room_id)):
                 raise StoreError(f"room {self.room_id} was disbanded: its member turn {turn_id} does not run")
             mark = files.start_mark(turn_id)
             files.ensure_started()
