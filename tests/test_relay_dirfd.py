@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hermes_actors.errors import HostileFileError
-from hermes_actors.store.relay_dirfd import open_dir_below, remove_below
+from hermes_actors.store.relay_dirfd import link_below, lstat_below, open_dir_below, remove_below
 
 
 def test_a_walk_interrupted_right_after_closing_a_step_closes_every_descriptor_once(
@@ -125,3 +125,68 @@ def test_remove_below_refuses_a_path_outside_its_anchor(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is not inside"):
         remove_below(tmp_path / "root", tmp_path / "elsewhere" / "x.json")
     assert (tmp_path / "elsewhere" / "x.json").exists()
+
+
+# (case, what lstat_below answers: a file type, or the error raised); the layout is _plant_removal's
+_LOOKS = [
+    ("a-file", "file", None),
+    ("a-symlink-entry", "symlink", None),  # the entry itself, never followed
+    ("missing-entry", None, FileNotFoundError),
+    ("missing-directory", None, FileNotFoundError),
+    ("directory-swapped-for-a-symlink", None, HostileFileError),
+    ("bot-relay-swapped-for-a-symlink", None, HostileFileError),
+    ("directory-swapped-for-a-file", None, HostileFileError),
+]
+
+
+@pytest.mark.parametrize(("case", "kind", "error"), _LOOKS)
+def test_lstat_below_looks_only_through_directories_of_ours(
+    tmp_path: Path, case: str, kind: str | None, error: type[Exception] | None
+) -> None:
+    import stat
+
+    anchor, outside = tmp_path / "root", tmp_path / "outside"
+    anchor.mkdir()
+    entry = _plant_removal(case, anchor, outside)
+    if error is not None:
+        with pytest.raises(error):
+            lstat_below(anchor, entry)
+        return
+    mode = lstat_below(anchor, entry).st_mode
+    assert (stat.S_ISREG(mode), stat.S_ISLNK(mode)) == (kind == "file", kind == "symlink")
+
+
+@pytest.mark.parametrize(("case", "error"), [
+    ("a-file", None),
+    ("a-symlink-entry", None),  # the link itself is linked, not what it points to
+    ("missing-entry", FileNotFoundError),
+    ("directory-swapped-for-a-symlink", HostileFileError),
+    ("bot-relay-swapped-for-a-symlink", HostileFileError),
+    ("directory-swapped-for-a-file", HostileFileError),
+])
+def test_link_below_links_only_through_directories_of_ours(
+    tmp_path: Path, case: str, error: type[Exception] | None
+) -> None:
+    anchor, outside = tmp_path / "root", tmp_path / "outside"
+    anchor.mkdir()
+    entry = _plant_removal(case, anchor, outside)
+    target = anchor / "linked.json"
+    if error is not None:
+        with pytest.raises(error):
+            link_below(anchor, entry, target)
+        assert not os.path.lexists(target) and os.lstat(outside / "x.json").st_nlink == 1
+        return
+    link_below(anchor, entry, target)
+    assert os.lstat(target).st_ino == os.lstat(entry).st_ino
+    with pytest.raises(FileExistsError):  # never over an entry there
+        link_below(anchor, entry, target)
+
+
+def test_link_below_never_makes_a_link_through_a_swapped_target_directory(tmp_path: Path) -> None:
+    anchor, outside = tmp_path / "root", tmp_path / "outside"
+    anchor.mkdir()
+    entry = _plant_removal("a-file", anchor, outside)
+    (anchor / "bot_relay" / "to").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(HostileFileError, match="to is a symlink"):
+        link_below(anchor, entry, anchor / "bot_relay" / "to" / "x.lock")
+    assert not os.path.lexists(outside / "x.lock")

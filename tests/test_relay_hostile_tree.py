@@ -801,7 +801,8 @@ def test_recover_taken_never_takes_an_envelope_off_a_shelf_through_a_swapped_tak
 ) -> None:
     """Regression (hostile review of removals): the adopted envelope answered at a start was removed from the shelf
     by path, so through a ``taken/`` swapped for a symlink the envelope file of that name outside the root went.
-    Now the reply is written all the same and nothing outside is removed."""
+    Now nothing outside is removed; nor read: the shelf, reached through the symlink, is refused before any
+    envelope is read (test_recover_taken_never_reads_an_envelope_through_a_swapped_shelf), so none is answered."""
     now = time.time()
     paths = InboxPaths.from_root(tmp_path / "root").ensure()
     old = moxie_envelope("an hour ago", created_at=now - 3600)
@@ -815,9 +816,9 @@ def test_recover_taken_never_takes_an_envelope_off_a_shelf_through_a_swapped_tak
         recovery = recover_taken(ours, adopted, ttl=900, now=now)
     finally:
         shelf.close()
-    assert recovery.expired == 1 and delivered_record(paths, old["id"]) is not None
+    assert recovery.expired == 0 and delivered_record(paths, old["id"]) is None
     assert _files(tmp_path / "outside") == outside  # nothing removed through the symlink
-    assert logs.matching("could not take", old["id"], "is a symlink"), logs.lines
+    assert logs.matching("our shelf", "cannot be read", "is a symlink"), logs.lines
 
 
 def test_a_shelf_is_never_removed_through_a_swapped_taken(tmp_path: Path, logs: LogCapture) -> None:
@@ -831,6 +832,141 @@ def test_a_shelf_is_never_removed_through_a_swapped_taken(tmp_path: Path, logs: 
     shelf.close()
     assert (tmp_path / "outside" / shelf.path.name / LOCK_NAME).exists()
     assert logs.matching("could not remove the shelf", "is a symlink"), logs.lines
+
+
+def _swapped_for_symlink(directory: Path, outside: Path) -> None:
+    """Move ``directory`` aside (``<name>.aside``) and put a symlink to ``outside`` in its place."""
+    directory.rename(directory.with_name(f"{directory.name}.aside"))
+    directory.symlink_to(outside, target_is_directory=True)
+
+
+def _outside_with(tmp_path: Path, name: str | None, payload: Any) -> Path:
+    """A directory outside the root, holding a decoy ``name`` (none when ``name`` is None)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if name is not None:
+        write_private_json(outside / name, payload)
+    return outside
+
+
+@pytest.mark.parametrize("decoy", [True, False], ids=["decoy-mark-outside", "nothing-outside"])
+def test_was_started_never_looks_through_a_swapped_started(tmp_path: Path, decoy: bool, logs: LogCapture) -> None:
+    """Regression (swapped directories): ``was_started`` looked the mark up by path, so through a ``started/``
+    swapped for a symlink a file outside the root said whether a relayed-in turn had started (the stop's
+    put-back and a start's adoption decide a DM's fate by it): with no such file there, a turn that may have run
+    counted as never started. Now ``started/`` is looked into only through the checked walk: refused, the turn
+    counts as started (never run twice), said at WARNING."""
+    from hermes_actors.store.relay_marks import was_started
+
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    envelope_id = uuid.uuid4().hex
+    outside = _outside_with(tmp_path, f"{envelope_id}.json" if decoy else None, {"id": envelope_id, "at": 1})
+    _swapped_for_symlink(paths.started, outside)
+    assert was_started(paths, envelope_id)
+    assert logs.matching("cannot tell whether the turn of", envelope_id, f"{paths.started} is a symlink"), logs.lines
+
+
+def _adopted_onto_our_shelf(paths: InboxPaths, *envelopes: dict[str, Any]) -> tuple[Shelf, InboxPaths, Any]:
+    """Our shelf (opened, within the root) after it adopted a dead shelf holding ``envelopes``; close it after."""
+    plant_dead_shelf(paths, *envelopes)
+    shelf = Shelf(paths.taken_parent, within=paths.relay.root)
+    ours = paths.on_shelf(shelf.open())
+    adopted = shelf.adopt()
+    assert sorted(adopted.ids) == sorted(env["id"] for env in envelopes)
+    return shelf, ours, adopted
+
+
+def test_recover_taken_never_reads_an_envelope_through_a_swapped_shelf(tmp_path: Path, logs: LogCapture) -> None:
+    """Regression (swapped directories): the adopted envelopes were read from our shelf by path, so with the shelf
+    swapped for a symlink after the adoption, an envelope file of that name outside the root was read, and run as
+    the DM. Now the shelf is opened by the checked walk: refused, nothing is read or run, said at WARNING."""
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    env = moxie_envelope("the real question")
+    shelf, ours, adopted = _adopted_onto_our_shelf(paths, env)
+    try:
+        outside = _outside_with(tmp_path, f"{env['id']}.json",
+                                {**moxie_envelope("a decoy question"), "id": env["id"], "reply_connection": "alpha"})
+        _swapped_for_symlink(ours.taken, outside)
+        recovery = recover_taken(ours, adopted, ttl=900)
+    finally:
+        shelf.close()
+    assert recovery.rerun == [] and recovery.counts()["quarantined"] == 0
+    assert (outside / f"{env['id']}.json").exists() and delivered_record(paths, env["id"]) is None
+    assert logs.matching("our shelf", "cannot be read", "is a symlink"), logs.lines
+
+
+def test_recover_taken_never_takes_a_reply_outside_for_the_adopted_envelopes(tmp_path: Path) -> None:
+    """Regression (swapped directories): whether an adopted envelope was replied was looked up in ``delivered/`` by
+    path, so a file of that name outside the root, through a ``delivered/`` swapped for a symlink, took a
+    never-started envelope for finished: it left our shelf unanswered, never run. Now the lookup goes through the
+    checked walk: refused, nothing proves it replied, and the envelope is run once (still on our shelf)."""
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    env = moxie_envelope("a question")
+    shelf, ours, adopted = _adopted_onto_our_shelf(paths, env)
+    try:
+        decoy = {"id": env["id"], "at": 1, "reply": "a decoy reply", "error": "", "reason": "",
+                 "reply_connection": "alpha"}
+        _swapped_for_symlink(paths.delivered, _outside_with(tmp_path, f"{env['id']}.json", decoy))
+        recovery = recover_taken(ours, adopted, ttl=900)
+    finally:
+        shelf.close()
+    assert [(e["id"], e["message"]) for e, _ in recovery.rerun] == [(env["id"], "a question")]
+    assert recovery.finished == 0 and (ours.taken / f"{env['id']}.json").exists()
+
+
+@pytest.mark.parametrize("decoy", [True, False], ids=["decoy-mark-outside", "nothing-outside"])
+def test_recover_taken_answers_ambiguous_when_started_is_swapped(tmp_path: Path, decoy: bool) -> None:
+    """Regression (swapped directories): through a ``started/`` swapped for a symlink, a start's adoption ran an
+    envelope again unless a file of its name was outside the root (its turn may have run). Now ``started/`` is
+    refused and the envelope answered ``ambiguous``, never run, whatever is outside."""
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    env = moxie_envelope("a question")
+    shelf, ours, adopted = _adopted_onto_our_shelf(paths, env)
+    try:
+        outside = _outside_with(tmp_path, f"{env['id']}.json" if decoy else None, {"id": env["id"], "at": 1})
+        _swapped_for_symlink(paths.started, outside)
+        recovery = recover_taken(ours, adopted, ttl=900)
+    finally:
+        shelf.close()
+    assert recovery.rerun == [] and recovery.ambiguous == 1
+    record = delivered_record(paths, env["id"])
+    assert record is not None and "do not resend" in record["error"]
+    assert sorted(os.listdir(outside)) == ([f"{env['id']}.json"] if decoy else [])
+
+
+def test_a_dead_shelf_swapped_once_locked_is_never_adopted_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logs: LogCapture
+) -> None:
+    """Regression (swapped directories): a dead shelf was listed and its envelopes renamed onto ours by path once
+    its lock was taken, so a shelf swapped for a symlink at that moment had the files outside the root it points to
+    moved onto our shelf (and run as DMs). Now both shelves are opened by the checked walk: the swapped one is
+    refused, nothing is moved, and it is logged."""
+    from hermes_actors.store import relay_shelf
+
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    env = moxie_envelope("the real question")
+    dead = plant_dead_shelf(paths, env)
+    decoy = {**moxie_envelope("a decoy question"), "reply_connection": "alpha"}
+    outside = _outside_with(tmp_path, f"{decoy['id']}.json", decoy)
+    real_take_dead = relay_shelf.take_dead
+
+    def take_then_swap(parent: Path, name: str, **kwargs: Any) -> int | None:
+        fd = real_take_dead(parent, name, **kwargs)
+        if name == dead.name:
+            _swapped_for_symlink(dead, outside)
+        return fd
+
+    monkeypatch.setattr(relay_shelf, "take_dead", take_then_swap)
+    shelf = Shelf(paths.taken_parent, within=paths.relay.root)
+    shelf.open()
+    try:
+        adopted = shelf.adopt()
+        on_ours = sorted(os.listdir(shelf.path))
+    finally:
+        shelf.close()
+    assert adopted.ids == () and dead.name in adopted.alive
+    assert on_ours == [LOCK_NAME] and (outside / f"{decoy['id']}.json").exists()
+    assert logs.matching("could not adopt the shelf", "is a symlink"), logs.lines
 
 
 def test_gateway_does_not_run_an_adopted_envelope_past_the_ttl(tmp_path: Path, gateways: list[Gateway]) -> None:

@@ -227,3 +227,46 @@ def test_a_good_lock_file_created_meanwhile_is_never_left_moved_aside(
         lock.close()
         for fd in holder:
             os.close(fd)
+
+
+def test_a_good_lock_file_moved_aside_is_never_linked_back_through_a_swapped_quarantine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (swapped directories): the good lock file moved aside by mistake (another process created it
+    between the look and the move) was looked at and linked back by path, so with ``quarantine/`` swapped for a
+    symlink at that moment, a regular file outside the root of the quarantined name became the bot's lock file (a
+    hard link to it in ``locks/``). Now both are done through the checked walk from the root: refused, nothing is
+    linked, and the lock is a fresh file of its own."""
+    import hermes_actors.store.relay_quarantine as relay_quarantine
+    from hermes_actors.store.turnlock import turn_lock_path
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    path = turn_lock_path(root, "bob")
+    path.parent.mkdir(parents=True)
+    outside.mkdir()
+    os.symlink(tmp_path / "elsewhere", path)
+    decoys: list[Path] = []
+    real_quarantine_into = relay_quarantine.quarantine_into
+
+    def good_file_moved_then_quarantine_swapped(directory: Path, moved: Path, why: str, **kw: Any) -> Path | None:
+        os.unlink(path)  # another process put a good lock file there (and let go of it)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        dest = real_quarantine_into(directory, moved, why, **kw)
+        assert dest is not None
+        os.rename(directory, tmp_path / "quarantine.real")
+        os.symlink(outside, directory)
+        decoy = outside / dest.name
+        decoy.write_text("not a lock")
+        decoys.append(decoy)
+        return dest
+
+    monkeypatch.setattr(relay_quarantine, "quarantine_into", good_file_moved_then_quarantine_swapped)
+    lock = TurnLock(path)
+    try:
+        assert lock.try_acquire()
+        lock.release()
+    finally:
+        lock.close()
+    [decoy] = decoys
+    assert os.lstat(decoy).st_nlink == 1 and not os.path.samefile(decoy, path)  # never linked in as the lock
+    assert decoy.read_text() == "not a lock"

@@ -68,7 +68,7 @@ from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
 from hermes_actors.store.journal_records import DeliveryState
 from hermes_actors.store.owner_lock import release
-from hermes_actors.store.relay_dirfd import lexists_below, relay_dir, remove_below
+from hermes_actors.store.relay_dirfd import lexists_below, open_relay_dir, relay_dir, remove_below
 from hermes_actors.store.relay_heartbeat import claimed_shelves
 from hermes_actors.store.relay_inbox import InboxPaths, inbox_ttl, is_consumed, read_inbox_envelope, write_delivered
 from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
@@ -158,50 +158,97 @@ def recover_taken(paths: InboxPaths, adopted: Adopted, *, ttl: float, now: float
     result = TakenRecovery()
     now = time.time() if now is None else now
     legacy = set(adopted.legacy)
-    for envelope_id in (*adopted.ids, *adopted.legacy):
-        path = paths.taken / f"{envelope_id}.json"
-        try:
-            envelope, reply_connection = read_inbox_envelope(path)
-        except FileNotFoundError:
-            continue
-        except (OSError, ValidationError) as exc:
-            quarantine(paths.relay, path, str(exc))
-            result.quarantined += 1
-            continue
-        replied = os.path.lexists(paths.delivered / path.name)
-        started = was_started(paths, envelope_id)
-        if not replied and started and _write_kept(paths, envelope_id, reply_connection, result):
-            continue
-        action = taken_action(replied=replied, started=started, legacy=envelope_id in legacy)
-        expired = expiry_of(envelope, path, ttl=inbox_ttl(envelope, ttl), now=now) if action == "rerun" else None
-        if action == "rerun" and expired is None:
-            result.rerun.append((envelope, reply_connection))
-            continue
-        if action != "finished":
-            if expired is None:
-                label = f"@{envelope['target_handle']}"
-                fields = outcomes.ambiguous(envelope_id, label, AMBIGUOUS_WHY)
-                record = rp.make_reply(envelope_id, error=fields.error, reason=fields.reason, now=now)
-            else:
-                record = expired
-            try:
-                write_delivered(paths, record, reply_connection)
-            except (StoreError, OSError, ValidationError) as exc:
-                logger.error("relay: could not write the {} reply of {}: {}", "ambiguous" if expired is None else
-                             "expiry", envelope_id, exc)
-                continue  # it stays on our shelf: the next start tries again
-            if expired is None:
-                result.ambiguous += 1
-            else:
-                result.expired += 1
-        else:
-            result.finished += 1
-        clear_started(paths, envelope_id)
-        try:  # through our checked shelf: one swapped for a symlink is refused, never followed
-            remove_below(paths.relay.root, path)
-        except (OSError, ValidationError) as exc:  # HostileFileError included: answered all the same
-            logger.warning("relay: could not take {} off our shelf: {}", envelope_id, exc)
+    try:  # read through our shelf as the walk finds it now: one swapped for a symlink is never read through
+        shelf = open_relay_dir(paths.relay.base, paths.taken)
+    except (OSError, ValidationError) as exc:  # HostileFileError included
+        logger.warning("relay: our shelf {} cannot be read ({}): the {} envelope(s) adopted onto it are left "
+                       "unread and unanswered (the next rescan takes a new shelf)", paths.taken, exc,
+                       len(adopted.ids) + len(adopted.legacy))
+        return result
+    try:
+        for envelope_id in (*adopted.ids, *adopted.legacy):
+            _recover_one(paths, envelope_id, shelf, result, legacy=envelope_id in legacy, ttl=ttl, now=now)
+    finally:
+        os.close(shelf)
     return result
+
+
+def _recover_one(paths: InboxPaths, envelope_id: str, shelf: int, result: TakenRecovery, *, legacy: bool,
+                 ttl: float, now: float) -> None:
+    """Act on one envelope adopted onto our shelf (:func:`recover_taken`), read through the shelf's descriptor.
+
+    Args:
+        paths: the relay layout, ``taken`` being our shelf.
+        envelope_id: the envelope.
+        shelf: our shelf, opened by the checked walk.
+        result: the recovery, updated here.
+        legacy: it came from a flat ``taken/`` file.
+        ttl: the configured ``envelope_ttl_seconds``.
+        now: the current time.
+    """
+    path = paths.taken / f"{envelope_id}.json"
+    try:
+        envelope, reply_connection = read_inbox_envelope(path, dir_fd=shelf)
+    except FileNotFoundError:
+        return
+    except (OSError, ValidationError) as exc:
+        quarantine(paths.relay, path, str(exc))
+        result.quarantined += 1
+        return
+    replied = _replied(paths, path.name)
+    started = was_started(paths, envelope_id)
+    if not replied and started and _write_kept(paths, envelope_id, reply_connection, result):
+        return
+    action = taken_action(replied=replied, started=started, legacy=legacy)
+    expired = expiry_of(envelope, path, ttl=inbox_ttl(envelope, ttl), now=now) if action == "rerun" else None
+    if action == "rerun" and expired is None:
+        result.rerun.append((envelope, reply_connection))
+        return
+    if action != "finished":
+        if expired is None:
+            label = f"@{envelope['target_handle']}"
+            fields = outcomes.ambiguous(envelope_id, label, AMBIGUOUS_WHY)
+            record = rp.make_reply(envelope_id, error=fields.error, reason=fields.reason, now=now)
+        else:
+            record = expired
+        try:
+            write_delivered(paths, record, reply_connection)
+        except (StoreError, OSError, ValidationError) as exc:
+            logger.error("relay: could not write the {} reply of {}: {}", "ambiguous" if expired is None else
+                         "expiry", envelope_id, exc)
+            return  # it stays on our shelf: the next start tries again
+        if expired is None:
+            result.ambiguous += 1
+        else:
+            result.expired += 1
+    else:
+        result.finished += 1
+    clear_started(paths, envelope_id)
+    try:  # through our checked shelf: one swapped for a symlink is refused, never followed
+        remove_below(paths.relay.root, path)
+    except (OSError, ValidationError) as exc:  # HostileFileError included: answered all the same
+        logger.warning("relay: could not take {} off our shelf: {}", envelope_id, exc)
+
+
+def _replied(paths: InboxPaths, name: str) -> bool:
+    """Whether the adopted envelope ``name``'s reply is in ``delivered/``, looked up through the checked walk.
+
+    A ``delivered/`` swapped for a symlink is never followed (a file of that name outside the root would
+    take the envelope for finished, and its sender would never get a reply): it is not replied then. Its
+    start mark still decides (``ambiguous`` when the turn may have run), and the reply written for it waits
+    for the rescan to put ``delivered/`` back.
+
+    Args:
+        paths: the relay layout.
+        name: ``<id>.json``.
+
+    Returns:
+        True when a reply of that name is in ``delivered/``.
+    """
+    try:
+        return lexists_below(paths.relay.base, paths.delivered / name)
+    except (OSError, ValidationError):  # HostileFileError included: nothing there proves it replied
+        return False
 
 
 def _write_kept(paths: InboxPaths, envelope_id: str, reply_connection: str, result: TakenRecovery) -> bool:

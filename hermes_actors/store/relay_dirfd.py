@@ -23,8 +23,8 @@ from pathlib import Path
 from hermes_actors.errors import HostileFileError
 
 __all__ = [
-    "lexists_below", "open_dir_below", "open_relay_dir", "refusal_below", "relay_dir", "remove_below",
-    "rename_between", "swapped_below",
+    "lexists_below", "link_below", "lstat_below", "open_dir_below", "open_relay_dir", "refusal_below", "relay_dir",
+    "remove_below", "rename_between", "swapped_below",
 ]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -188,6 +188,59 @@ def remove_below(anchor: Path, path: Path, *, directory: bool = False) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def lstat_below(anchor: Path, path: Path) -> os.stat_result:
+    """The ``lstat`` of the entry ``path`` (never followed), looked at from its directory opened by the walk from
+    ``anchor`` (:func:`open_dir_below`).
+
+    Args:
+        anchor: the trusted directory (a Hermes root).
+        path: the entry (its directory is ``anchor`` or inside it).
+
+    Returns:
+        What the entry is now.
+
+    Raises:
+        HostileFileError: a directory below ``anchor`` on the way is a symlink, not a directory, or not ours.
+        FileNotFoundError: the entry, or a directory on its way, is not there.
+        OSError: a directory on the way could not be opened for another reason.
+        ValueError: ``path`` is not inside ``anchor``.
+    """
+    fd = open_dir_below(anchor, path.parent)
+    try:
+        return os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+    finally:
+        os.close(fd)
+
+
+def link_below(anchor: Path, source: Path, target: Path) -> None:
+    """Hard-link the entry ``source`` (never followed) at ``target``, never over an entry there.
+
+    Both directories are opened by the walk from ``anchor`` (:func:`open_dir_below`) and the link is made
+    relative to them: a directory swapped for a symlink on either side is refused, so no file outside the root
+    is linked in, and no link is made outside it.
+
+    Args:
+        anchor: the trusted directory (a Hermes root).
+        source: the entry to link (its directory is ``anchor`` or inside it).
+        target: the new name (its directory is ``anchor`` or inside it).
+
+    Raises:
+        HostileFileError: a directory below ``anchor`` on the way is a symlink, not a directory, or not ours.
+        FileExistsError: ``target`` is taken.
+        OSError: the link failed otherwise (``source`` gone: FileNotFoundError).
+        ValueError: ``source`` or ``target`` is not inside ``anchor``.
+    """
+    src = open_dir_below(anchor, source.parent)
+    try:
+        dst = open_dir_below(anchor, target.parent)
+        try:
+            os.link(source.name, target.name, src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
 
 
 def refusal_below(anchor: Path, directory: Path) -> HostileFileError | None:

@@ -75,8 +75,27 @@ def write_mark(paths: InboxPaths, directory: Path, envelope_id: str, payload: di
 
 
 def was_started(paths: InboxPaths, envelope_id: str) -> bool:
-    """Whether a relayed-in turn for this envelope was about to run (it may have run)."""
-    return os.path.lexists(paths.relay.id_file(paths.started, envelope_id))
+    """Whether a relayed-in turn for this envelope was about to run (it may have run).
+
+    Looked up through ``started/`` opened by the checked walk (:func:`lexists_below`), never by path: a
+    ``started/`` swapped for a symlink is never followed, so a file outside the root never decides the
+    envelope's fate. When that cannot be told (``started/`` refused or unreadable) the turn counts as started,
+    said at WARNING: it is answered, never run a second time.
+
+    Args:
+        paths: the relay layout.
+        envelope_id: the envelope.
+
+    Returns:
+        True when its start mark is there (whatever it is), or when that cannot be told.
+    """
+    mark = paths.relay.id_file(paths.started, envelope_id)
+    try:
+        return lexists_below(paths.relay.base, mark)
+    except (OSError, ValidationError) as exc:  # HostileFileError included: not ours to look into
+        logger.warning("relay: cannot tell whether the turn of {} started ({}); it counts as started, so it is "
+                       "never run twice (the rescan puts a swapped started/ back)", envelope_id, exc)
+        return True
 
 
 def drop_mark(paths: InboxPaths, path: Path) -> None:

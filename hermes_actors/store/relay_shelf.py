@@ -186,6 +186,21 @@ def _make_locked(shelf: Path) -> int:
     return fd
 
 
+def _move_regular(source: int, target: int, name: str) -> bool:
+    """Rename the regular file ``name`` from the directory ``source`` to ``target`` (descriptors); whether it moved.
+
+    Anything but a regular file is left where it is (the reader's quarantine deals with it), and so is a file
+    that cannot be moved (gone meanwhile, say).
+    """
+    try:
+        if not stat.S_ISREG(os.lstat(name, dir_fd=source).st_mode):
+            return False
+        os.rename(name, name, src_dir_fd=source, dst_dir_fd=target)
+    except OSError:
+        return False
+    return True
+
+
 def _make_locked_or_none(shelf: Path) -> int | None:
     """:func:`_make_locked`, or None when another adopter made it first or it cannot be made (logged)."""
     try:
@@ -271,8 +286,11 @@ class Shelf:
                 else:
                     ids += moved
                     dead.append(name)
-            elif legacy and id_of_file_name(name) is not None and self._move(entry, name):
-                flat.append(name[:-5])
+        if legacy and any(id_of_file_name(name) is not None for name in names):
+            try:
+                flat = self._move_all(self.parent)
+            except (OSError, HostileFileError) as exc:
+                logger.warning("could not adopt the flat envelopes in {}: {}", self.parent, exc)
         return Adopted(tuple(ids), tuple(flat), len(dead), tuple(dead), tuple(alive))
 
     def _adopt_shelf(self, shelf: Path) -> list[str] | None:
@@ -290,8 +308,7 @@ class Shelf:
         if fd is None:
             return None  # its process lives, or another start adopted it meanwhile
         try:
-            moved = [name[:-5] for name in sorted(os.listdir(shelf))
-                     if id_of_file_name(name) is not None and self._move(shelf / name, name)]
+            moved = self._move_all(shelf)
             for leftover in _remove_if_bare(shelf, self.within):
                 logger.warning("dead shelf {} holds a stray entry {!r}; left in place", shelf, leftover)
             return moved
@@ -301,14 +318,29 @@ class Shelf:
         finally:
             release(fd)
 
-    def _move(self, source: Path, name: str) -> bool:
+    def _move_all(self, shelf: Path) -> list[str]:
+        """Move the envelopes (regular ``<id>.json`` files) of the dead ``shelf`` (or, flat, of ``parent``) onto
+        ours; the ids moved.
+
+        Both directories are opened by the checked walk from ``within`` (:func:`open_dir_below`; without it, from
+        their parent as named), then listed and renamed relative to those descriptors: a shelf swapped for a
+        symlink after its lock was taken is refused, and nothing outside the root is moved onto ours.
+
+        Raises:
+            HostileFileError: a directory on the way is a symlink, not a directory, or not ours: nothing was moved.
+            OSError: a shelf could not be opened or listed.
+        """
+        anchor = self.within or self.parent
+        source = open_dir_below(anchor, shelf)
         try:
-            if not stat.S_ISREG(os.lstat(source).st_mode):
-                return False  # the caller's quarantine deals with it at read time: we only move regular files
-            os.rename(source, self.path / name)
-        except OSError:
-            return False
-        return True
+            target = open_dir_below(anchor, self.path)
+            try:
+                return [name[:-5] for name in sorted(os.listdir(source))
+                        if id_of_file_name(name) is not None and _move_regular(source, target, name)]
+            finally:
+                os.close(target)
+        finally:
+            os.close(source)
 
     def close(self, *, keep: bool = False) -> None:
         """Release the lock; remove the shelf when it is empty (otherwise the next start adopts it).

@@ -34,7 +34,7 @@ from loguru import logger
 from hermes_actors.core.backoff import doubling
 from hermes_actors.errors import HostileFileError
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import remove_below
+from hermes_actors.store.relay_dirfd import link_below, lstat_below, remove_below
 
 __all__ = ["TurnLock", "flock_now", "turn_lock_path"]
 
@@ -240,17 +240,20 @@ class TurnLock:
             if self._good_or_gone():
                 return
             raise OSError(errno.EPERM, f"{self.path} is refused ({why}) and could not be moved aside")
+        # Looked at and linked back through the walk from the root: a quarantine/ or locks/ swapped for a symlink
+        # meanwhile is refused, so no file outside the root is linked in as the lock, and no link is made outside.
+        anchor = _lock_anchor(self.path) or self.path.parent.parent
         try:
-            st = os.lstat(moved)
-        except OSError:
+            st = lstat_below(anchor, moved)
+        except (OSError, ValueError):  # HostileFileError included
             return
         if _good_lock_file(st):
             # Between the look and the move another process replaced the hostile file with a good one, maybe
             # flocked already: moved aside, its flock would serialize nothing. Put it back (a hard link: the
             # same file), unless yet another took its place.
-            with contextlib.suppress(OSError, HostileFileError):
-                os.link(moved, self.path)
-                remove_below(_lock_anchor(self.path) or moved.parent, moved)  # never through a swapped quarantine/
+            with contextlib.suppress(OSError, ValueError):  # HostileFileError included
+                link_below(anchor, moved, self.path)
+                remove_below(anchor, moved)  # never through a swapped quarantine/
                 logger.info("{}: the lock file moved aside was a good one, created meanwhile; put back", self.path)
 
     def _good_or_gone(self) -> bool:
