@@ -262,9 +262,10 @@ class RelayDeliver:
 
     envelope: dict[str, Any]
     reply_connection: str  # where the outcome goes back (as RelayOutcome); "": the Desktop RPC delivered it
-    # the Redis consumer (a gateway process) whose turn claim it holds and that died: never run here, answered with
-    # the outcome the journal recorded of it, else ``ambiguous`` (``relay_in_step``); "": none
-    dead_holder: str = ""
+    # its turn may have run in a gateway process that died (a reclaimed Redis entry whose turn claim a dead consumer
+    # holds, an envelope a dead file relay gateway had started): never run here, answered with the outcome the
+    # journal recorded of it, else ``ambiguous`` for this reason (``relay_in_step``); "": it never ran elsewhere
+    dead_why: str = ""
 
 
 @dataclass(frozen=True, slots=True)

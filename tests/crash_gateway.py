@@ -27,10 +27,12 @@ SIGKILLs this process still has everything printed before the kill.
         start a Gateway on ROOT as connection ``mini`` and hand it the envelope in the file ENVELOPE_JSON
         as the Desktop does (``relay_deliver``); print its ``{reply, error, reason}`` and stop. The runner
         logs to ROOT/turns.log as for send (--selfkill, HERMES_ACTORS_CRASH_AT likewise).
-    python tests/crash_gateway.py ROOT drain ID [--selfkill]
+    python tests/crash_gateway.py ROOT drain ID [--selfkill] [--kill-before-reply] [--memory]
         start a Gateway on ROOT as connection ``mini``: its relay drains the envelopes the hub posted to
         ``inbox/``; wait for envelope ID's answer in ``delivered/`` and print it, stop (the runner as for send:
-        --selfkill, HERMES_ACTORS_CRASH_AT).
+        --selfkill, HERMES_ACTORS_CRASH_AT). --kill-before-reply: the relay SIGKILLs this process as it is
+        about to write ID's answer to ``delivered/``, once the journal holds the DM's ``finished`` record
+        (at once with --memory, which runs the Gateway with ``durable=False``: no journal).
     python tests/crash_gateway.py ROOT expire [--resume ID]
         with ``envelope_ttl_seconds: 1`` and ``reply_wait_seconds: 1``: send one DM hermes → ``moxie`` (a remote
         profile in ROOT's relay roster, nobody drains it), print the ack and wait for
@@ -197,8 +199,33 @@ def cmd_deliver(root: Path, envelope_file: str, args: list[str]) -> None:
     emit("stopped")
 
 
+def kill_before_reply(root: Path, envelope_id: str, *, journaled: bool) -> None:
+    """Make the relay SIGKILL this process as it is about to write ``envelope_id``'s answer to ``delivered/``:
+    with ``journaled``, once the root's journal holds the DM's ``finished`` record (the turn's outcome is on disk,
+    its reply nowhere else)."""
+    from crash_procs import journal_ids
+
+    import hermes_actors.relay.relay_actor as relay_actor
+
+    real = relay_actor.write_delivered
+
+    def dying(paths: InboxPaths, record: dict[str, Any], reply_connection: str) -> bool:
+        if record.get("id") == envelope_id:
+            if journaled:
+                await_condition(lambda: envelope_id in journal_ids(root, "finished"), timeout=20,
+                                message="the relayed-in DM's finished record in the journal")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(paths, record, reply_connection)
+
+    relay_actor.write_delivered = dying  # type: ignore[assignment]
+
+
 def cmd_drain(root: Path, envelope_id: str, args: list[str]) -> None:
-    gw = Gateway(root, runner=logging_runner(root, selfkill="--selfkill" in args), connection_id="mini").start()
+    durable = "--memory" not in args
+    if "--kill-before-reply" in args:
+        kill_before_reply(root, envelope_id, journaled=durable)
+    gw = Gateway(root, runner=logging_runner(root, selfkill="--selfkill" in args), connection_id="mini",
+                 durable=durable).start()
     emit("ready", recovered=gw.recovered)
     answer = InboxPaths.from_root(root).delivered / f"{envelope_id}.json"
     await_condition(answer.exists, timeout=20, message="the envelope's answer in delivered/")

@@ -191,3 +191,53 @@ def test_a_relayed_in_envelope_posted_again_while_its_gateway_was_down_runs_no_s
     answer = json.loads((paths.delivered / f"{key}.json").read_text())
     assert answer["reply"] == "" and answer["error"].endswith("do not resend."), answer
     assert not list(paths.inbox.iterdir()), "the re-posted copy was taken and answered"
+
+
+@pytest.mark.parametrize("where", ["shelf", "legacy", "memory"])
+def test_a_relayed_in_turn_whose_outcome_was_journaled_before_a_kill_is_answered_with_it_after_the_restart(
+    tmp_path: Path, where: str
+) -> None:
+    """Review: gateway ``mini`` ran a relayed-in turn to its end and journaled its outcome (``finished``), then was
+    killed before its relay wrote the reply to ``delivered/``. Before, the restart answered the envelope it adopted
+    with its start mark ``ambiguous`` ("do not resend") at once, though the journal held the real reply. Now the
+    Dispatcher answers it with the journal's outcome (the reply text), as a reclaimed Redis entry is; no turn runs
+    again. A flat ``taken/`` file of an older version (no start mark) is answered so too; without a journal
+    (``durable=False``) it is ``ambiguous`` as before."""
+    from hermes_actors.relay.restart import AMBIGUOUS_WHY
+    from hermes_actors.relay.strays import ensure_relay_directories
+    from hermes_actors.store.relay_inbox import InboxPaths, post_to_inbox
+
+    root = make_root(tmp_path)
+    paths = InboxPaths.from_root(root)
+    ensure_relay_directories(paths)  # the hub's tree, before mini first starts
+    target = normalize_roster_row({"profile": "bob", "handle": "bob", "connection_id": "mini"})
+    assert target is not None
+    envelope = rp.make_envelope(target=target, message="Message from 🤖 zed (@zed): hi", sender_profile="zed",
+                                sender_handle="zed", now=time.time())
+    key = envelope["id"]
+    post_to_inbox(paths, envelope, "alpha")
+    memory = ["--memory"] if where == "memory" else []
+
+    first = run_child(root, "drain", key, "--kill-before-reply", *memory)
+    assert first.killed, f"the child was not SIGKILLed (rc={first.returncode}): {first.stderr[-2000:]}"
+    assert turns_logged(root) == [key]
+    assert not (paths.delivered / f"{key}.json").exists(), "killed before the reply was written"
+    assert (paths.started / f"{key}.json").exists(), "the turn's start mark is left"
+    assert journal_ids(root, "finished") == ([] if memory else [key])
+    if where == "legacy":  # as a version without shelves left it: a flat file in taken/, no start mark
+        (shelved,) = paths.taken_parent.glob(f"s-*/{key}.json")
+        shelved.rename(paths.taken_parent / f"{key}.json")
+        (paths.started / f"{key}.json").unlink()
+
+    second = run_child(root, "drain", key, *memory)  # the restart on the same root
+    assert second.returncode == 0, second.stderr[-2000:]
+    (answered,) = second.of("delivered")
+    fields = {k: answered[k] for k in ("reply", "error", "reason")}
+    if memory:
+        assert fields == {"reply": "", "reason": "unknown",
+                          "error": f"{AMBIGUOUS_WHY} The message may have been delivered — do not resend."}, fields
+    else:
+        assert fields == {"reply": f"reply to {key}", "error": "", "reason": ""}, fields
+    assert answered["reply_connection"] == "alpha"
+    assert turns_logged(root) == [key], "the turn ran again"
+    assert list(paths.started.iterdir()) == [] and list(paths.taken_parent.rglob(f"{key}.json")) == []

@@ -30,6 +30,7 @@ from hermes_actors.messages import (
     ProfileInfo,
     RoomTurn,
 )
+from hermes_actors.relay.restart import AMBIGUOUS_WHY
 from hermes_actors.store.journal_records import DeliveryState
 
 BOB = ProfileInfo("bob", "bob", Path("/nonexistent/bob"), "Bob")
@@ -49,6 +50,7 @@ def _step(env: dict[str, Any] | None = None, **kw: Any) -> RelayInAnswer | Relay
 
 
 CANCELLED = outcomes.cancelled(KEY, "@bob").as_dict()
+DEAD = dead_holder_text("vm-1-2-x")
 REPLIED = outcomes.from_reply(KEY, "@bob", "hello").as_dict()
 
 
@@ -64,12 +66,15 @@ REPLIED = outcomes.from_reply(KEY, "@bob", "hello").as_dict()
         (_env(hop=5), {}, RelayInAnswer, "failed", False),  # deeper than our limit
         (_env(hop=5), {"max_hops": 0}, RelayInTurn, None, False),  # no limit
         (None, {}, RelayInTurn, None, False),
-        # its turn claimed by a process that died: never run here; the journaled outcome, else ambiguous
-        (None, {"dead_holder": "vm-1-2-x", "record": REPLIED}, RelayInAnswer, "replied", False),
-        (None, {"dead_holder": "vm-1-2-x"}, RelayInAnswer, "ambiguous", False),
-        (None, {"dead_holder": "vm-1-2-x", "accepting": False}, RelayInAnswer, "ambiguous", False),
-        (None, {"dead_holder": "vm-1-2-x", "accepting": False, "record": REPLIED}, RelayInAnswer, "replied", False),
-        (None, {"dead_holder": "vm-1-2-x", "pending": True}, None, None, False),
+        # its turn may have run in a process that died (a dead Redis consumer's claim, a dead file relay gateway's
+        # start mark): never run here; the journaled outcome, else ambiguous
+        (None, {"dead_why": DEAD, "record": REPLIED}, RelayInAnswer, "replied", False),
+        (None, {"dead_why": DEAD}, RelayInAnswer, "ambiguous", False),
+        (None, {"dead_why": DEAD, "accepting": False}, RelayInAnswer, "ambiguous", False),
+        (None, {"dead_why": DEAD, "accepting": False, "record": REPLIED}, RelayInAnswer, "replied", False),
+        (None, {"dead_why": DEAD, "pending": True}, None, None, False),
+        (None, {"dead_why": AMBIGUOUS_WHY, "record": REPLIED}, RelayInAnswer, "replied", False),
+        (None, {"dead_why": AMBIGUOUS_WHY}, RelayInAnswer, "ambiguous", False),
     ],
 )
 def test_relay_in_step(env: dict[str, Any] | None, kw: dict[str, Any], kind: type | None, status: str | None,
@@ -88,11 +93,18 @@ def test_relay_in_step(env: dict[str, Any] | None, kw: dict[str, Any], kind: typ
 
 
 def test_a_dead_holders_ambiguous_answer_names_it_and_says_do_not_resend() -> None:
-    step = _step(dead_holder="vm-1-2-x")
+    step = _step(dead_why=DEAD)
     assert isinstance(step, RelayInAnswer)
     assert step.outcome.error == (f"{dead_holder_text('vm-1-2-x')}. The message may have been delivered — "
                                   "do not resend.")
     assert step.outcome.error.startswith("The gateway process that was running this turn (vm-1-2-x) died before")
+
+
+def test_a_dead_file_relay_gateways_envelope_without_a_recorded_outcome_is_answered_as_before() -> None:
+    step = _step(dead_why=AMBIGUOUS_WHY)
+    assert isinstance(step, RelayInAnswer)
+    assert step.outcome.error == ("The receiving gateway stopped or crashed during the turn. The message may have "
+                                  "been delivered — do not resend.")
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from hermes_actors.relay.restart import (
     damaged_fate,
     envelope_is_ours,
     rebuilt_record,
+    recover_taken,
     scan_sent,
     taken_action,
 )
@@ -81,14 +82,41 @@ def _delivered(root: Path, envelope_id: str) -> dict[str, Any] | None:
     ("replied", "started", "legacy", "expected"),
     [
         (False, False, False, "rerun"),  # never started: run it now, once
-        (False, True, False, "ambiguous"),  # may have run: never run twice
-        (False, False, True, "ambiguous"),  # a flat file of an older version: nothing recorded its state
+        (False, True, False, "may_have_run"),  # never run twice: answered from the journal, else ambiguous
+        (False, False, True, "may_have_run"),  # a flat file of an older version: nothing recorded its state
         (True, True, False, "finished"),  # its reply is on disk: the hub forwards it
         (True, False, True, "finished"),
     ],
 )
 def test_taken_action(replied: bool, started: bool, legacy: bool, expected: str) -> None:
     assert taken_action(replied=replied, started=started, legacy=legacy) == expected
+
+
+def test_recover_taken_leaves_an_envelope_that_may_have_run_on_our_shelf_marked_for_the_dispatcher_to_answer(
+    tmp_path: Path,
+) -> None:
+    """Regression (review): a started envelope whose reply is nowhere on disk was answered ``ambiguous`` here at
+    once, though the dead gateway's journal may hold its outcome. Now it is returned for the Dispatcher to answer
+    (from the journal, else ambiguous): no reply is written, it stays on our shelf with its start mark, and a legacy
+    flat file gets the start mark its turn would have had, so a kill before its answer never lets a start run it."""
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    dead = _dead_shelf(paths.taken_parent)
+    midturn, legacy = _inbound("moxie", "m0"), _inbound("moxie", "m1")
+    _write(dead / f"{midturn['id']}.json", midturn)
+    _write(paths.started / f"{midturn['id']}.json", {"id": midturn["id"], "at": int(time.time())})
+    _write(paths.taken_parent / f"{legacy['id']}.json", legacy)  # taken by a version without shelves
+    shelf = Shelf(paths.taken_parent, within=paths.relay.root)
+    ours = paths.on_shelf(shelf.open())
+    try:
+        recovery = recover_taken(ours, shelf.adopt(), ttl=900)
+    finally:
+        shelf.close(keep=True)
+    assert sorted((env["id"], conn) for env, conn in recovery.may_have_run) == sorted(
+        [(midturn["id"], "alpha"), (legacy["id"], "alpha")])
+    assert (recovery.rerun, recovery.ambiguous, recovery.finished) == ([], 0, 0)
+    for env in (midturn, legacy):
+        assert _delivered(tmp_path / "root", env["id"]) is None
+        assert (ours.taken / f"{env['id']}.json").exists() and (paths.started / f"{env['id']}.json").exists()
 
 
 _ID, _SHELF, _NOW = "a" * 32, "s-" + "b" * 32, 1_800_000_000.0
@@ -224,7 +252,8 @@ def test_a_restarted_gateway_runs_never_started_envelopes_once_and_answers_the_o
     rec = RecordingRunner()
     try:
         start_gateway(gateways, mini, rec, connection_id="mini")
-        await_condition(lambda: _delivered(mini, never["id"]) is not None, timeout=10, message="never-run replied")
+        await_condition(lambda: all(_delivered(mini, env["id"]) for env in (never, midturn, legacy)), timeout=10,
+                        message="never-run replied, the others answered")
         assert [t.delivery_id for t in rec.entered] == [never["id"]]  # only the never-started one ran
         assert _delivered(mini, never["id"])["reply"] == "ok: m0"  # type: ignore[index]
         for env in (midturn, legacy):

@@ -294,7 +294,7 @@ class DispatcherActor(SupervisorActor):
         step = relay_in_step(msg.envelope, pending=self.book.state(key) is DeliveryState.PENDING,
                              record=self.book.record(key), accepting=self.accepting, index=self.snapshot.index,
                              max_hops=self.deps.config.max_hops, now=time.time(), reply_connection=msg.reply_connection,
-                             dead_holder=msg.dead_holder)
+                             dead_why=msg.dead_why)
         if isinstance(step, RelayInAnswer):
             self.relay.answer_relay_in(step.outcome, msg.reply_connection, stopping=step.stopping)
         elif step is not None:

@@ -11,10 +11,11 @@ is journaled with its ``delivered`` record (:func:`kept_across_restarts` says wh
 start remembers it, or settles it ``ambiguous`` when it started and never finished
 (``journal_replay``). In memory this holds only while the gateway runs.
 
-An envelope whose turn a process that died had claimed (a Redis entry reclaimed from a dead consumer:
-``dead_holder``) never runs here: it is answered with the outcome the book holds of it (the journal's, after
-a restart: a turn that finished before the kill gets its real reply), else ``ambiguous``
-(:func:`dead_holder_text`).
+An envelope whose turn may have run in a process that died (``dead_why``: a Redis entry reclaimed from a dead
+consumer that had claimed its turn, :func:`dead_holder_text`; an envelope the file relay adopted from a dead
+gateway's shelf with its start mark) never runs here: it is answered with the outcome the book holds of it (the
+journal's, after a restart: a turn that finished before the kill gets its real reply), else ``ambiguous`` for
+that reason.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def relay_in_step(
     max_hops: int,
     now: float,
     reply_connection: str,
-    dead_holder: str = "",
+    dead_why: str = "",
 ) -> RelayInAnswer | RelayInTurn | None:
     """Pure: the step for one drained envelope (idempotent by envelope id).
 
@@ -105,8 +106,8 @@ def relay_in_step(
         max_hops: ``bot_mode.max_hops`` (0: no limit).
         now: the acceptance time of its delivery.
         reply_connection: the sender's connection id (its answer goes back through it).
-        dead_holder: the process that had claimed its turn and died ("": none): it never runs here; answered
-            with ``record``, else ``ambiguous``.
+        dead_why: why its turn may have run in a process that died ("": it did not): it never runs here;
+            answered with ``record``, else ``ambiguous`` for this reason.
 
     Returns:
         None when it is already under way; else the answer to give now or the turn to queue.
@@ -115,8 +116,8 @@ def relay_in_step(
         return None
     key = env["id"]
     label = f"@{env['target_handle']}"
-    if dead_holder and record is None:  # it may have run there, and no outcome of it was recorded here
-        return RelayInAnswer(outcomes.ambiguous(key, label, dead_holder_text(dead_holder)))
+    if dead_why and record is None:  # it may have run there, and no outcome of it was recorded here
+        return RelayInAnswer(outcomes.ambiguous(key, label, dead_why))
     if not accepting and (record is None or record["reason"] == reasons.CANCELLED):
         # Taken as the stop began, or taken again after the stop cancelled it (a reclaim): cancelled
         # unrun, so the relay puts it back for later (it answers it only if its turn had started).

@@ -57,7 +57,7 @@ from hermes_actors.relay.desktop_rpc import DESKTOP_CALLER
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, drain_outbox
 from hermes_actors.relay.journal_takeover import JournalTakeover
 from hermes_actors.relay.outbound import Outbound
-from hermes_actors.relay.restart import recover_taken, reown_sent
+from hermes_actors.relay.restart import AMBIGUOUS_WHY, recover_taken, reown_sent
 from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
@@ -200,7 +200,12 @@ class RelayActor(TypedActor):
         self.shelf.close(keep=names_owner(self.paths, self.shelf.path.name))
 
     def _recover_taken(self, adopted: Adopted) -> None:
-        """Envelopes a dead gateway on this root had taken: finish, answer ambiguous, or run them once.
+        """Envelopes a dead gateway on this root had taken: finish, have answered, or run them once.
+
+        Those whose turn may have run go to the Dispatcher first, to be answered with the outcome the journal
+        recorded of them, else ``ambiguous``, never run (:func:`~hermes_actors.relay.restart.recover_taken`): the
+        journals of the gateways that died are adopted before (at a start, before the relay starts; at a rescan,
+        by :meth:`_take_over` before it adopts their shelves), so the Dispatcher has their outcomes.
 
         Args:
             adopted: what :meth:`Shelf.adopt` moved onto our shelf; the other shelves still alive are kept
@@ -210,8 +215,10 @@ class RelayActor(TypedActor):
         if not (adopted.ids or adopted.legacy):
             return
         recovery = recover_taken(self.paths, adopted, ttl=self.config.envelope_ttl_seconds)
-        if recovery.rerun:  # the replies come back to us: make sure the Dispatcher knows where before it runs them
+        if recovery.rerun or recovery.may_have_run:  # the answers come back to us: the Dispatcher must know where
             tell(self.dispatcher, AttachRelay(self.actor_ref))  # a Dispatcher gone: _deliver puts them back
+        for envelope, reply_connection in recovery.may_have_run:  # answered without a turn
+            self._deliver(envelope, reply_connection, dead_why=AMBIGUOUS_WHY)
         # oldest first, as the rescan takes inbox/ (the moves onto our shelf kept each file's mtime)
         rank = {envelope_id: n for n, envelope_id in enumerate(rf.list_ids(self.shelf.path, oldest_first=True))}
         for envelope, reply_connection in sorted(recovery.rerun, key=lambda item: rank.get(item[0]["id"], len(rank))):
@@ -219,7 +226,8 @@ class RelayActor(TypedActor):
         self.unwritten.update((record["id"], (record, connection)) for record, connection in recovery.unwritten)
         self.counters["quarantined"] += recovery.quarantined
         logger.info("relay: adopted {} envelope(s) a stopped gateway had taken: {rerun} run now (never started), "
-                    "{ambiguous} answered ambiguous (may have run), {finished} already replied, "
+                    "{may_have_run} answered with the outcome the journal recorded of their turn, else ambiguous "
+                    "(may have run), {ambiguous} answered ambiguous (may have run), {finished} already replied, "
                     "{kept} replied with the reply kept in their start mark ({unwritten} still unwritten), "
                     "{expired} expired (waited past the TTL, never run), {quarantined} quarantined",
                     len(adopted.ids) + len(adopted.legacy), **recovery.counts())
@@ -274,17 +282,22 @@ class RelayActor(TypedActor):
             if result.reply is not None:  # its sender is told it was NOT delivered, not left to wait
                 self._write_delivered(result.reply, result.reply_connection)
 
-    def _deliver(self, envelope: dict[str, Any], reply_connection: str) -> None:
+    def _deliver(self, envelope: dict[str, Any], reply_connection: str, *, dead_why: str = "") -> None:
         """Hand an envelope on our shelf, never started, to the Dispatcher to run.
+
+        With ``dead_why``, one whose turn may have run in a gateway that died (its start mark is on disk): the
+        Dispatcher answers it, never runs it (``RelayDeliver.dead_why``).
 
         A Dispatcher already gone (a stop, or its failure) never crashes the relay, which would drop every
         message queued behind: the envelope goes back to ``inbox/`` unstarted, as a stop's cancelled one does
-        (:meth:`_put_back`), and the next taker runs it once. One that cannot be put back stays on our shelf,
-        kept at the stop, and the next start adopts it (never started: run once).
+        (:meth:`_put_back`), and the next taker runs it once. One that cannot be put back (a started one never
+        is) stays on our shelf, kept at the stop, and the next start adopts it (never started: run once; started:
+        answered so again).
         """
         envelope_id = envelope["id"]
-        if tell(self.dispatcher, RelayDeliver(envelope, reply_connection)):
-            self.counters["drained"] += 1
+        if tell(self.dispatcher, RelayDeliver(envelope, reply_connection, dead_why=dead_why)):
+            if not dead_why:
+                self.counters["drained"] += 1
             return
         if not self._put_back(envelope_id):
             logger.warning("relay: the Dispatcher is gone and {} could not go back into inbox/; it stays on our "
@@ -368,7 +381,7 @@ class RelayActor(TypedActor):
             keep_reply(self.paths, record, reply_connection, now=time.time())
         except (StoreError, OSError, ValidationError) as exc:  # HostileFileError included
             return f" (only in memory: it could not be kept in its start mark either ({exc}), a restart " \
-                   "answers it ambiguous)"
+                   "answers it with the outcome the journal recorded of it, else ambiguous)"
         return " (and kept in its start mark, for a restart)"
 
     # ── the Desktop's RPC (asked by DesktopRpc on the caller's behalf) ───────
@@ -449,7 +462,9 @@ class RelayActor(TypedActor):
         """Take over the work of the gateways on this root that died or stopped since the last rescan.
 
         The drain side adopts their shelves (by the start's rule: under each dead shelf's lock, the envelopes
-        never started run once, the started ones are answered ``ambiguous``); the sender side adopts the
+        never started run once, the started ones are answered with the outcome an adopted journal recorded of
+        them, else ``ambiguous``: a journal with nothing unfinished in it is not adopted while running, so a turn
+        whose outcome only such a journal holds is ``ambiguous`` here); the sender side adopts the
         ``sent/`` records naming a shelf that died or went away (:meth:`Outbound.take_over`). Without this, only
         the next start did, and until then their DMs waited for nobody. One look at ``taken/`` and one lock try
         per other shelf: no more polling than the rescan itself.

@@ -6,8 +6,15 @@ Drain side: the envelopes a dead gateway had taken (adopted from its shelf,
 - a reply already in ``delivered/`` → the turn finished; the hub forwards that record;
 - a reply kept in its ``started/`` mark (its ``delivered/`` write had failed) → the turn
   finished: that reply is written to ``delivered/`` now (kept for the rescans if it fails again);
-- a ``started/`` mark (or a legacy flat file, whose state nobody recorded) → the turn
-  may have run: an ``ambiguous`` reply is written back at once, it never runs twice;
+- a ``started/`` mark (or a legacy flat file, whose state nobody recorded) and no reply → the turn
+  may have run: it never runs again. It stays on our shelf, with its start mark (one is written for a
+  legacy file), and goes to the Dispatcher as an envelope whose turn may have run in a gateway that died
+  (``RelayDeliver.dead_why``): by the rule every relayed-in retry follows
+  (:func:`~hermes_actors.local.relay_in.relay_in_step`) it is answered with the outcome the journal recorded
+  of it (durable mode: the dead gateway may have journaled its ``finished`` outcome, the reply text, before
+  it was killed, before its relay wrote the reply to ``delivered/``; the start adopts that journal before the
+  relay starts), else ``ambiguous`` (:data:`AMBIGUOUS_WHY`: no journal, or nothing of its outcome in it). A
+  legacy file whose start cannot be marked is answered ``ambiguous`` at once, as before;
 - otherwise → the turn never started: it is run now, once — unless it waited past
   the TTL meanwhile: then it is answered ``queued_expired``, as a drain would.
 
@@ -71,7 +78,7 @@ from hermes_actors.store.owner_lock import release
 from hermes_actors.store.relay_dirfd import lexists_below, open_relay_dir, relay_dir, remove_below
 from hermes_actors.store.relay_heartbeat import claimed_shelves
 from hermes_actors.store.relay_inbox import InboxPaths, inbox_ttl, is_consumed, read_inbox_envelope, write_delivered
-from hermes_actors.store.relay_marks import clear_started, kept_reply, was_started
+from hermes_actors.store.relay_marks import TurnStartMarks, clear_started, kept_reply, was_started
 from hermes_actors.store.relay_quarantine import quarantine
 from hermes_actors.store.relay_sent import (
     UNKNOWN_TARGET_LABEL,
@@ -92,7 +99,7 @@ __all__ = ["DamagedFate", "EnvelopeFound", "SentScan", "TakenAction", "TakenReco
            "envelope_is_ours", "journal_settled", "rebuilt_record", "recover_taken", "reown_sent", "scan_sent",
            "take_over_sent", "taken_action"]
 
-TakenAction = Literal["finished", "ambiguous", "rerun"]
+TakenAction = Literal["finished", "may_have_run", "rerun"]
 # What a start found of the envelope of a DM whose sent/ record was damaged: one of ours, someone else's, or none
 EnvelopeFound = Literal["ours", "foreign", "none"]
 # What a start does with such a DM (:func:`damaged_fate`)
@@ -110,13 +117,13 @@ def taken_action(*, replied: bool, started: bool, legacy: bool) -> TakenAction:
         legacy: it came from a flat ``taken/`` file (no marks were kept then).
 
     Returns:
-        ``"finished"`` (nothing to run, the reply is on its way), ``"ambiguous"``
-        (may have run: answer so, never run it again) or ``"rerun"`` (never started).
+        ``"finished"`` (nothing to run, the reply is on its way), ``"may_have_run"`` (never run it again:
+        answered with the outcome the journal recorded of it, else ``ambiguous``) or ``"rerun"`` (never started).
     """
     if replied:
         return "finished"
     if started or legacy:
-        return "ambiguous"
+        return "may_have_run"
     return "rerun"
 
 
@@ -125,16 +132,20 @@ class TakenRecovery:
     """The adopted envelopes, sorted by fate."""
 
     rerun: list[tuple[dict[str, Any], str]] = field(default_factory=list)  # (envelope, reply_connection)
+    # (envelope, reply_connection): their turn may have run, no reply kept: for the Dispatcher to answer with the
+    # outcome the journal recorded, else ambiguous; on our shelf with their start mark until that answer is written
+    may_have_run: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     # (reply record, reply_connection): replies kept in start marks that could not be written yet either
     unwritten: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     kept: int = 0  # replies kept in start marks, written now
-    ambiguous: int = 0
+    ambiguous: int = 0  # answered ambiguous at once: legacy files whose start could not be marked
     finished: int = 0
     expired: int = 0
     quarantined: int = 0
 
     def counts(self) -> dict[str, int]:
-        return {"rerun": len(self.rerun), "ambiguous": self.ambiguous, "finished": self.finished,
+        return {"rerun": len(self.rerun), "may_have_run": len(self.may_have_run), "ambiguous": self.ambiguous,
+                "finished": self.finished,
                 "kept": self.kept, "unwritten": len(self.unwritten), "expired": self.expired,
                 "quarantined": self.quarantined}
 
@@ -142,8 +153,9 @@ class TakenRecovery:
 def recover_taken(paths: InboxPaths, adopted: Adopted, *, ttl: float, now: float | None = None) -> TakenRecovery:
     """Act on the envelopes adopted onto our shelf (``paths.taken``).
 
-    Ambiguous and expiry replies are written to ``delivered/`` here; the
-    never-started envelopes are returned for the caller to run (they stay on our shelf).
+    Expiry replies (and the ``ambiguous`` ones of legacy files whose start cannot be marked) are written to
+    ``delivered/`` here; the never-started envelopes are returned for the caller to run, and those whose turn
+    may have run for the caller to have answered (:attr:`TakenRecovery.may_have_run`); both stay on our shelf.
 
     Args:
         paths: the relay layout, ``taken`` being our shelf.
@@ -153,7 +165,7 @@ def recover_taken(paths: InboxPaths, adopted: Adopted, *, ttl: float, now: float
         now: the current time.
 
     Returns:
-        The recovery, with the envelopes to run again.
+        The recovery, with the envelopes to run again and those to answer.
     """
     result = TakenRecovery()
     now = time.time() if now is None else now
@@ -200,6 +212,9 @@ def _recover_one(paths: InboxPaths, envelope_id: str, shelf: int, result: TakenR
     if not replied and started and _write_kept(paths, envelope_id, reply_connection, result):
         return
     action = taken_action(replied=replied, started=started, legacy=legacy)
+    if action == "may_have_run" and (started or _mark_started(paths, envelope_id)):
+        result.may_have_run.append((envelope, reply_connection))
+        return
     expired = expiry_of(envelope, path, ttl=inbox_ttl(envelope, ttl), now=now) if action == "rerun" else None
     if action == "rerun" and expired is None:
         result.rerun.append((envelope, reply_connection))
@@ -249,6 +264,25 @@ def _replied(paths: InboxPaths, name: str) -> bool:
         return lexists_below(paths.relay.base, paths.delivered / name)
     except (OSError, ValidationError):  # HostileFileError included: nothing there proves it replied
         return False
+
+
+def _mark_started(paths: InboxPaths, envelope_id: str) -> bool:
+    """Write the start mark of a legacy flat file's envelope, now on our shelf: the mark its turn would have had.
+
+    Until its answer is written it stays on our shelf, and a start that adopts it after a kill meanwhile finds an
+    envelope like any other there: the mark is what keeps that start from running it.
+
+    Returns:
+        True once the mark is there; False when it cannot be written (logged): the envelope is answered
+        ``ambiguous`` at once then, as before.
+    """
+    try:
+        TurnStartMarks(paths.relay.root).append_durably({"t": "started", "id": envelope_id})
+    except (StoreError, ValidationError) as exc:
+        logger.warning("relay: could not mark the start of {}, taken by an older version: {}; it is answered "
+                       "ambiguous without looking for its outcome in the journal", envelope_id, exc)
+        return False
+    return True
 
 
 def _write_kept(paths: InboxPaths, envelope_id: str, reply_connection: str, result: TakenRecovery) -> bool:

@@ -4,8 +4,8 @@ The reader thread hands the actor each entry of ``<p>:in:<me>``; the actor hands
 it to :meth:`InboundDrain.on_entry`. An entry whose reply was written
 (``<p>:done:<id>``) is only acked; an expired one gets the ``queued_expired``
 reply; everything else goes to the Dispatcher (``RelayDeliver``), one whose turn a
-dead consumer claimed named so (``dead_holder``): it never runs a second turn, and
-is answered with the outcome the journal recorded of it (a turn that finished before
+dead consumer claimed with that consumer named (``dead_why``: :func:`dead_holder_text`):
+it never runs a second turn, and is answered with the outcome the journal recorded of it (a turn that finished before
 a restart whose reply was in no start mark yet), else ``ambiguous``. The
 reply, the ``done`` mark and ``XACK`` + ``XDEL`` of the entry are one ``MULTI``:
 the entry is acked exactly when its reply is in Redis, or, when its sender's
@@ -35,6 +35,7 @@ from actors import tell
 from hermes_actors.core.config import BotModeConfig
 from hermes_actors.errors import StoreError, ValidationError
 from hermes_actors.faults import crashpoint
+from hermes_actors.local.relay_in import dead_holder_text
 from hermes_actors.messages import Outcome, RelayDeliver
 from hermes_actors.relay.relay_actor import reply_from_outcome
 from hermes_actors.store.relay_files import list_ids
@@ -245,14 +246,15 @@ class InboundDrain:
             logger.debug("redis: delivering {} (@{})", envelope_id, envelope["target_handle"])
 
     def _hand_over(self, envelope: dict[str, Any], flight: Flight) -> bool:
-        """Tell the Dispatcher the envelope (``RelayDeliver``, with the dead consumer that had claimed its turn).
+        """Tell the Dispatcher the envelope (``RelayDeliver``, naming the dead consumer that had claimed its turn).
 
         Returns:
             False when the Dispatcher is gone (a stop, or its failure): the entry is left unacked, for the next
             start, and never a crash of this actor, which would drop what is queued behind.
         """
         envelope_id = envelope["id"]
-        if tell(self.dispatcher, RelayDeliver(envelope, flight.reply_to, dead_holder=flight.dead_holder)):
+        dead_why = dead_holder_text(flight.dead_holder) if flight.dead_holder else ""
+        if tell(self.dispatcher, RelayDeliver(envelope, flight.reply_to, dead_why=dead_why)):
             return True
         # never started, the entry is left unacked as a stop's cancelled one is (on_outcome)
         del self.flights[envelope_id]
