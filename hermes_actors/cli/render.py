@@ -8,6 +8,7 @@ and ``--json`` prints the dict itself.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -80,28 +81,30 @@ def surrogates_escaped(value: Any) -> Any:
     return value
 
 
-def json_text(value: Any, *, indent: bool = False) -> str:
+def json_text(value: Any, *, indent: bool = False, default: Callable[[Any], Any] | None = None) -> str:
     """Pure: the JSON a ``--json`` output prints: always valid UTF-8 (:func:`surrogates_escaped`).
 
     orjson refuses a string holding a lone surrogate (``str is not valid UTF-8: surrogates not allowed``):
     a journal file or a profile folder whose name is not UTF-8 made ``status``/``outcome``/``doctor --json``
-    end with that traceback. Such strings are escaped; the rest is orjson's output as before.
+    end with that traceback. Such strings are escaped; the rest is orjson's output as before. The one rule of
+    every JSON the project shows a reader: ``serve --http``'s ``/status`` and ``/events`` are written by it too.
 
     Args:
         value: the dict or list to print.
         indent: indented two spaces (else one line).
+        default: what a value JSON cannot say is written as (orjson's ``default``: ``str``), None: refused.
 
     Returns:
         The JSON text.
 
     Raises:
-        TypeError: ``value`` holds something JSON cannot say (not a string's surrogates).
+        TypeError: ``value`` holds something JSON cannot say (not a string's surrogates) and ``default`` is None.
     """
     option = orjson.OPT_INDENT_2 if indent else 0
     try:
-        return orjson.dumps(value, option=option).decode()
+        return orjson.dumps(value, default=default, option=option).decode()
     except orjson.JSONEncodeError:
-        return orjson.dumps(surrogates_escaped(value), option=option).decode()
+        return orjson.dumps(surrogates_escaped(value), default=default, option=option).decode()
 
 
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
