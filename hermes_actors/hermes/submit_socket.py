@@ -21,8 +21,8 @@ from hermes_actors.store.hermes_root import root_path
 from hermes_actors.store.relay_dirfd import open_dir_below
 
 __all__ = [
-    "RECV_CHUNK", "HostLost", "HostOffline", "open_dir", "open_run_dir", "peer_cred", "read_request", "recv_by",
-    "socket_address", "timeout_by",
+    "RECV_CHUNK", "HostLost", "HostOffline", "UnreadableAnswer", "open_dir", "open_run_dir", "peer_cred",
+    "read_request", "recv_by", "socket_address", "timeout_by",
 ]
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -42,6 +42,14 @@ class HostLost(ConnectionError):
 
     Whether it acted on the request is unknown: a DM may or may not have been queued, so it
     must not be sent again blindly (and never run in-process instead).
+    """
+
+
+class UnreadableAnswer(ValueError):
+    """The host took the request and answered something else than an answer: not JSON, not a JSON object, too large.
+
+    As with :class:`HostLost`, whether it acted on the request is unknown: a DM may have been queued, so it must not
+    be sent again blindly, and it is never a usage error (a ``ValueError`` a command raises before it acts is one).
     """
 
 
