@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import io
@@ -1109,6 +1110,88 @@ def test_send_answer_problem(answer: dict[str, Any], problem: str | None) -> Non
     from hermes_actors.cli.send import send_answer_problem
 
     assert send_answer_problem(answer) == problem
+
+
+def _answer_once(listener: socket.socket, answer: dict[str, Any]) -> threading.Thread:
+    """Serve one request on ``listener`` with ``answer``; a shutdown of ``listener`` ends the wait for it."""
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # shut down: nobody came
+            return
+        with conn:
+            while conn.recv(65536):
+                pass
+            conn.sendall(encode(answer))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_run_directory_swapped_after_the_checked_walk_does_not_redirect_the_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (cliedges): a short socket path was connected by its path after the checked walk to run/: a
+    run/ swapped in that window (renamed away, another directory with another listener put in its place) took the
+    connection, and the DM. The client connects through the checked directory's descriptor now."""
+    import shutil
+    import tempfile
+
+    from hermes_actors.hermes import submit_client
+
+    base = Path(tempfile.mkdtemp(prefix="ha-", dir="/tmp"))  # short: the path alone would fit sun_path
+    listeners: list[socket.socket] = []
+    threads: list[threading.Thread] = []
+
+    def listen(path: Path, answer: dict[str, Any]) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
+        listener.listen(1)
+        listeners.append(listener)
+        threads.append(_answer_once(listener, answer))
+
+    try:
+        root = make_root(base, name="r")
+        path = socket_path(root)
+        assert len(os.fsencode(path)) < 100, path
+        path.parent.mkdir(mode=0o700, parents=True)
+        listen(path, {"who": "checked"})
+        checked_walk = submit_client._open_endpoint_dir
+
+        def walk_then_swap(root_: str | Path, path_: Path) -> int:
+            dir_fd = checked_walk(root_, path_)
+            path.parent.rename(path.parent.with_name("run-checked"))  # the window: run/ swapped for another
+            path.parent.mkdir(mode=0o700)
+            listen(path, {"who": "swapped in"})
+            return dir_fd
+
+        monkeypatch.setattr(submit_client, "_open_endpoint_dir", walk_then_swap)
+        answer = submit_client.request(root, {"op": "ping"}, timeout=30)
+    finally:
+        for listener in listeners:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        for thread in threads:
+            thread.join(30)
+        shutil.rmtree(base)
+    assert answer == {"who": "checked"}
+    assert len(listeners) == 2  # the swap was made
+
+
+@pytest.mark.parametrize(("path", "via_fd", "proc", "chosen"), [
+    ("/r/bot_relay/run/submit.sock", "/proc/self/fd/7/submit.sock", True, "/proc/self/fd/7/submit.sock"),
+    ("/r/bot_relay/run/submit.sock", "/proc/self/fd/7/submit.sock", False, "/r/bot_relay/run/submit.sock"),
+    ("/" + "d" * 120 + "/submit.sock", "/proc/self/fd/7/submit.sock", True, "/proc/self/fd/7/submit.sock"),
+    ("/" + "d" * 120 + "/submit.sock", "/proc/self/fd/7/submit.sock", False, "/proc/self/fd/7/submit.sock"),
+    ("/r/submit.sock", "/proc/self/fd/7/" + "n" * 100, True, "/r/submit.sock"),  # a name too long for /proc
+], ids=["proc", "no-proc", "long-path", "long-path-no-proc", "long-name"])
+def test_address_choice_prefers_the_checked_directorys_descriptor(path: str, via_fd: str, proc: bool,
+                                                                  chosen: str) -> None:
+    from hermes_actors.hermes.submit_socket import address_choice
+
+    assert address_choice(path, via_fd, proc=proc) == chosen
 
 
 def test_a_stopping_hosts_answer_means_not_taken(tmp_path: Path) -> None:
