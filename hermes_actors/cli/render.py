@@ -346,6 +346,20 @@ def _roster_phrase(relay: dict[str, Any]) -> str:
     return "no relay roster" if age is None else f"roster {_age(age)} old, {relay.get('remote_agents')} agents"
 
 
+def _peers_in_flight(count: Any) -> str:
+    """Pure: what the ``peers:`` line adds for the DMs handed to ``bot_peers`` peers without an outcome yet.
+
+    Args:
+        count: the status dict's ``relay.peers_in_flight`` (None or absent: the source does not say).
+
+    Returns:
+        ``; in flight to peers: 2`` (route ``peer`` in the in-flight list), or "" for none.
+    """
+    if not isinstance(count, int) or count <= 0:
+        return ""
+    return f"; in flight to peers: {count}"
+
+
 # A profile state the status line words beyond its name (ops.status: hermes still runs a turn given up on).
 _STATE_SHOWN = {"busy": "busy (a turn given up on still runs in the hermes gateway: DMs to it fail target_busy)"}
 
@@ -389,7 +403,8 @@ def status_text(status: dict[str, Any]) -> str:
     lines.append(f"  by reason: {_counts(c.get('by_reason') or {})}")
     relay = status.get("relay") or {}
     lines.append(f"relay: {relay.get('transport')}; {_relay_dirs(relay)}; {_roster_phrase(relay)}")
-    lines.append(f"peers: {', '.join(relay.get('peers') or []) or 'none (bot_peers in config.yaml)'}")
+    lines.append(f"peers: {', '.join(relay.get('peers') or []) or 'none (bot_peers in config.yaml)'}"
+                 f"{_peers_in_flight(relay.get('peers_in_flight'))}")
     rooms = status.get("rooms") or []
     if rooms:
         lines.append(f"rooms: {len(rooms)}")
