@@ -104,7 +104,9 @@ class RosterSnapshot:
 @fast_init
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """A DM accepted for a local profile (the unit a ProfileActor queues)."""
+    """A DM this gateway accepted: for a local profile (the unit a ProfileActor queues), or handed on to another
+    connection (the relay, Redis) or to a ``bot_peers`` peer (origin ``peer``), whose ``target`` is "" (no profile of
+    this root runs it) and ``label`` says where it went (``@bob on peer 'mini'``)."""
 
     delivery_id: str
     sender: str  # folder id of the sender

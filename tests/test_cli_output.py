@@ -199,10 +199,36 @@ def test_an_error_once_the_request_was_answered_is_no_usage_error(
 
 
 @pytest.mark.parametrize(("raised", "said"), [
+    (FileNotFoundError(errno.ENOENT, "No such file or directory", "/gone/bot_relay/run"),
+     "[Errno 2] No such file or directory: '/gone/bot_relay/run'"),
+    (PermissionError("refusing /r/bot_relay/run: it is a symlink"), "refusing /r/bot_relay/run: it is a symlink"),
+], ids=["FileNotFoundError", "PermissionError"])
+def test_a_bad_path_error_once_the_dm_was_acked_exits_1_never_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, raised: OSError, said: str
+) -> None:
+    """Regression (cliedges): action_taken turned only a ValueError or KeyError raised once the request was answered
+    into exit 1; a FileNotFoundError (or a PermissionError without errno) passed, and cli.main said it as a missing
+    root or a bad path: exit 2, "nothing was done", though the DM was acked (a script would send it again)."""
+    import hermes_actors.cli.send as send_module
+
+    def failing_ack_line(ack: dict[str, Any], root: str) -> str:
+        raise raised
+
+    monkeypatch.setattr(send_module, "ack_line", failing_ack_line)
+    root = make_root(tmp_path)
+    assert main(["send", "--root", str(root), "--from", "alice", "bob", "hi", "--runner", "demo"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"error: {said}")
+    counters = _status(root)["counters"]  # acked: settled, or journaled for the next start (as the case above)
+    assert counters["settled"] + counters["pending"] == 1, counters
+
+
+@pytest.mark.parametrize(("raised", "said"), [
     (ValueError("I/O operation on closed file."), "I/O operation on closed file."),
     (UnicodeEncodeError("ascii", "\u00e9", 0, 1, "ordinal not in range(128)"),
      "'ascii' codec can't encode character '\\xe9' in position 0: ordinal not in range(128)"),
     (KeyError("no room 'x'"), "no room 'x'"),  # its text, not str()'s quoted repr
+    (FileNotFoundError(errno.ENOENT, "No such file or directory", "x"), "[Errno 2] No such file or directory: 'x'"),
+    (PermissionError("refusing x: it is a symlink"), "refusing x: it is a symlink"),
 ])
 def test_action_taken_says_a_value_or_key_error_as_no_bad_argument(raised: Exception, said: str) -> None:
     with pytest.raises(AfterActionError) as caught, action_taken():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import http.client
+import os
 import re
 import select
 import socket
@@ -18,7 +19,7 @@ from typing import Any
 
 import orjson
 import pytest
-from roots import RecordingRunner, send_dm, start_gateway
+from roots import RecordingRunner, make_root, send_dm, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -305,6 +306,27 @@ def test_status_is_the_live_status_json(endpoint: OpsHttpServer) -> None:
     assert data["running"] is True
     assert {p["handle"] for p in data["profiles"]} == {"hermes", "alice", "bob", "carol"}
     assert data["counters"]["accepted"] == 1
+
+
+def test_status_and_events_of_a_root_whose_path_is_not_utf8_are_valid_json(tmp_path: Path,
+                                                                          gateways: list[Gateway]) -> None:
+    """Regression (cliedges): ``/status`` and ``/events`` encoded with plain ``orjson.dumps``: a lone surrogate (a
+    root under a folder whose name is not UTF-8) failed the request (an empty reply, a WARNING with a traceback)
+    and the live page. Both are written by the ``--json`` rule now (cli.render.json_text): ``\\udcff``."""
+    root = make_root(tmp_path / os.fsdecode(b"h\xff"))
+    gw = start_gateway(gateways, root)
+    with OpsHttpServer(gw, HttpSettings("127.0.0.1", 0)) as server:
+        status, headers, body = get(server.url + "status")
+        assert status == 200 and headers["Content-Type"] == "application/json"
+        assert orjson.loads(body)["root"] == str(root).replace("\udcff", "\\udcff")
+        response = urllib.request.urlopen(server.url + "events", timeout=30)
+        try:
+            assert response.readline() == b"event: snapshot\n"
+            data = response.readline()
+        finally:
+            response.close()
+    assert data.startswith(b"data: ")
+    assert orjson.loads(data[6:])["status"]["root"] == str(root).replace("\udcff", "\\udcff")
 
 
 def test_the_page_is_self_contained(endpoint: OpsHttpServer) -> None:

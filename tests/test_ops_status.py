@@ -337,3 +337,59 @@ def test_file_status_shows_a_relayed_in_dm_as_the_running_gateway_does(root: Pat
     for status in (live, files):
         assert [(r["delivery_id"], r["route"]) for r in status["in_flight"]] == [(held["id"], "relay-in")], status
     assert files["counters"]["by_status"] == live["counters"]["by_status"] == {}
+
+
+@pytest.mark.parametrize(("pending", "per_profile", "to_peers"), [
+    ([], {}, 0),
+    ([("bob", "local"), ("bob", "local"), ("carol", "relay-in")], {"bob": 2, "carol": 1}, 0),
+    ([("", "peer"), ("bob", "local")], {"bob": 1}, 1),  # a peer DM: no profile of this root runs it
+    ([("", "relay"), ("alice", "wake")], {"alice": 1}, 0),  # a DM to another connection is no peer's either
+])
+def test_in_flight_counts_keep_peer_dms_apart(pending: list[tuple[str, str]], per_profile: dict[str, int],
+                                              to_peers: int) -> None:
+    from hermes_actors.local.delivery_stats import in_flight_counts
+
+    assert in_flight_counts(pending) == (per_profile, to_peers)
+
+
+@pytest.mark.parametrize(("count", "line"), [
+    (None, "peers: mini"), (0, "peers: mini"), (1, "peers: mini; in flight to peers: 1"),
+    (3, "peers: mini; in flight to peers: 3"),
+])
+def test_the_peers_line_says_the_dms_in_flight_to_them(count: int | None, line: str) -> None:
+    status = {"root": "/r", "relay": {"peers": ["mini"], "peers_in_flight": count}}
+    assert line in status_text(status).splitlines()
+
+
+class _HeldPeerTransport:
+    """A ``bot_peers`` transport whose delivery is under way until the test releases it."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def deliver(self, delivery: Delivery, route: Any) -> Any:
+        self.started.set()
+        self.release.wait(30)
+        return outcomes.from_reply(delivery.delivery_id, route.label, "late")
+
+
+def test_a_peer_dm_in_flight_is_counted_apart_never_under_a_profile(tmp_path: Path) -> None:
+    """Regression (cliedges): ``status`` from the files counted a pending ``bot_peers`` DM (journaled with origin
+    ``peer``, no local target) under the profile "", and neither source said how many DMs the peers had: they are
+    ``relay.peers_in_flight`` now, on the ``peers:`` line, and no profile row counts them."""
+    root = make_root(tmp_path, config={"bot_peers": {"mini": {}}})
+    transport = _HeldPeerTransport()
+    try:
+        with Gateway(root, runner=RecordingRunner(), peer_transport=transport) as gw:
+            key = send_dm(gw, "to the peer", target="mini/bob")
+            assert transport.started.wait(30)
+            live, files = live_status(gw), file_status(root)
+            transport.release.set()
+    finally:
+        transport.release.set()
+    for status in (live, files):
+        assert [(r["delivery_id"], r["route"], r["profile"]) for r in status["in_flight"]] == [(key, "peer", "")]
+        assert status["relay"]["peers_in_flight"] == 1, status["source"]
+        assert all(p["in_flight"] == 0 and p["queued"] == 0 for p in status["profiles"]), status["profiles"]
+        assert "peers: mini; in flight to peers: 1" in status_text(status).splitlines()

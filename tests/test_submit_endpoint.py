@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import io
@@ -976,9 +977,10 @@ def test_send_waits_for_a_stopping_host_and_runs_after_the_dms_that_host_journal
 
 
 class _OneShotHost:
-    """A stand-in host on ``root``'s socket: takes one request, then answers ``answer`` or just closes."""
+    """A stand-in host on ``root``'s socket: takes one request, then answers ``answer`` (a dict, or raw bytes) or just
+    closes; then one request more for each of ``later``."""
 
-    def __init__(self, root: Path, answer: dict[str, Any] | None) -> None:
+    def __init__(self, root: Path, answer: dict[str, Any] | bytes | None, *later: dict[str, Any] | bytes) -> None:
         run_dir = socket_path(root).parent
         run_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
         self._dir_fd = open_dir(run_dir)
@@ -986,19 +988,20 @@ class _OneShotHost:
         self._sock.bind(socket_address(self._dir_fd, socket_path(root)))
         self._sock.listen(4)
         self.requests: list[bytes] = []
-        self._answer = answer
+        self._answers = [answer, *later]
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
-        conn, _ = self._sock.accept()
-        with conn:
-            data = b""
-            while chunk := conn.recv(65536):
-                data += chunk
-            self.requests.append(data)
-            if self._answer is not None:
-                conn.sendall(encode(self._answer))
+        for answer in self._answers:
+            conn, _ = self._sock.accept()
+            with conn:
+                data = b""
+                while chunk := conn.recv(65536):
+                    data += chunk
+                self.requests.append(data)
+                if answer is not None:
+                    conn.sendall(answer if isinstance(answer, bytes) else encode(answer))
 
     def close(self) -> None:
         self._thread.join(30)
@@ -1035,6 +1038,160 @@ def test_a_host_that_closes_without_answering_is_ambiguous_never_offline(
     assert len(host.requests) == 1 and b"pay once" in host.requests[0]
     assert command_runner.entered == []  # nothing ran here
     assert not (root / "bot_relay" / "journal").exists() or not any((root / "bot_relay" / "journal").iterdir())
+
+
+_GARBAGE_ANSWERS = [b"<html>502 Bad Gateway</html>\n", b'["queued"]\n', b'{"status": "queued"}\n']
+_GARBAGE_IDS = ["not-json", "not-an-object", "no-id-no-error"]
+
+
+@pytest.mark.parametrize("answer", _GARBAGE_ANSWERS, ids=_GARBAGE_IDS)
+def test_a_garbage_answer_to_send_is_ambiguous_exit_1_never_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, answer: bytes
+) -> None:
+    """Regression (cliedges): a host's answer that was no JSON object was a ValueError, said as bad arguments (exit
+    2: "nothing was done"), though the host took the DM and may have queued it; one naming no id and no error was
+    printed as an ack, ``queued for ?: delivery ?``, exit 0. Both are ambiguous now: exit 1, how to look for it."""
+    root = make_root(tmp_path)
+    host = _OneShotHost(root, answer)
+    command_runner = RecordingRunner()
+    monkeypatch.setattr(importlib.import_module("hermes_actors.cli.gateway_options"), "runner_for",
+                        lambda *a: command_runner)
+    try:
+        code = main(["send", "--root", str(root), "--from", "alice", "bob", "pay once"])
+    finally:
+        host.close()
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    assert err.startswith(f"ambiguous: the host of {root} answered "), err
+    assert err.rstrip().endswith(f"the DM may or may not be queued (do not resend it blindly; look for it with: "
+                                 f"hermes-actors status --root {root})"), err
+    assert len(host.requests) == 1 and command_runner.entered == []  # never run here instead
+
+
+@pytest.mark.parametrize("answer", _GARBAGE_ANSWERS[:2], ids=_GARBAGE_IDS[:2])
+def test_a_garbage_answer_to_a_bots_dm_says_it_may_be_queued(tmp_path: Path, answer: bytes) -> None:
+    """Regression (cliedges): the tool's refusal said only "Could not submit the message": read as NOT sent, the
+    bot would send it again."""
+    root = make_root(tmp_path)
+    host = _OneShotHost(root, answer)
+    try:
+        refusal = submit_dm(root, "alice", "bob", "pay once")
+    finally:
+        host.close()
+    assert refusal["reason"] == "unknown" and refusal["error"].startswith(
+        f"The Bot Mode host on {root} answered something unreadable (the answer from "), refusal
+    assert refusal["error"].endswith("the message may or may not have been queued — do not resend it blindly.")
+
+
+def test_a_garbage_outcome_answer_while_send_waits_names_the_outcome_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression (cliedges): with ``--wait``, an outcome answer that was no JSON ended in ``error: <orjson's
+    text>``: the acked DM's id, and how to look its outcome up, were not said."""
+    root = make_root(tmp_path)
+    key = "ab" * 16
+    host = _OneShotHost(root, {"status": "queued", "delivery_id": key, "to": "@bob"}, b"garbage\n")
+    try:
+        code = main(["send", "--root", str(root), "--from", "alice", "bob", "hi", "--wait", "30"])
+    finally:
+        host.close()
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith(f"ambiguous: lost the host of {root} while waiting for the outcome ("), err
+    assert err.rstrip().endswith(f"look it up later with: hermes-actors outcome --root {root} {key}"), err
+
+
+@pytest.mark.parametrize(("answer", "problem"), [
+    ({"error": "no", "reason": "unknown"}, None),
+    ({"status": "queued", "delivery_id": "ab" * 16}, None),
+    ({"status": "queued"}, "its answer names no delivery id and no error: {'status': 'queued'}"),
+    ({"delivery_id": "AB" * 16}, "its answer names no delivery id and no error: {'delivery_id': '" + "AB" * 16 + "'}"),
+])
+def test_send_answer_problem(answer: dict[str, Any], problem: str | None) -> None:
+    from hermes_actors.cli.send import send_answer_problem
+
+    assert send_answer_problem(answer) == problem
+
+
+def _answer_once(listener: socket.socket, answer: dict[str, Any]) -> threading.Thread:
+    """Serve one request on ``listener`` with ``answer``; a shutdown of ``listener`` ends the wait for it."""
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # shut down: nobody came
+            return
+        with conn:
+            while conn.recv(65536):
+                pass
+            conn.sendall(encode(answer))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_run_directory_swapped_after_the_checked_walk_does_not_redirect_the_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (cliedges): a short socket path was connected by its path after the checked walk to run/: a
+    run/ swapped in that window (renamed away, another directory with another listener put in its place) took the
+    connection, and the DM. The client connects through the checked directory's descriptor now."""
+    import shutil
+    import tempfile
+
+    from hermes_actors.hermes import submit_client
+
+    base = Path(tempfile.mkdtemp(prefix="ha-", dir="/tmp"))  # short: the path alone would fit sun_path
+    listeners: list[socket.socket] = []
+    threads: list[threading.Thread] = []
+
+    def listen(path: Path, answer: dict[str, Any]) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
+        listener.listen(1)
+        listeners.append(listener)
+        threads.append(_answer_once(listener, answer))
+
+    try:
+        root = make_root(base, name="r")
+        path = socket_path(root)
+        assert len(os.fsencode(path)) < 100, path
+        path.parent.mkdir(mode=0o700, parents=True)
+        listen(path, {"who": "checked"})
+        checked_walk = submit_client._open_endpoint_dir
+
+        def walk_then_swap(root_: str | Path, path_: Path) -> int:
+            dir_fd = checked_walk(root_, path_)
+            path.parent.rename(path.parent.with_name("run-checked"))  # the window: run/ swapped for another
+            path.parent.mkdir(mode=0o700)
+            listen(path, {"who": "swapped in"})
+            return dir_fd
+
+        monkeypatch.setattr(submit_client, "_open_endpoint_dir", walk_then_swap)
+        answer = submit_client.request(root, {"op": "ping"}, timeout=30)
+    finally:
+        for listener in listeners:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        for thread in threads:
+            thread.join(30)
+        shutil.rmtree(base)
+    assert answer == {"who": "checked"}
+    assert len(listeners) == 2  # the swap was made
+
+
+@pytest.mark.parametrize(("path", "via_fd", "proc", "chosen"), [
+    ("/r/bot_relay/run/submit.sock", "/proc/self/fd/7/submit.sock", True, "/proc/self/fd/7/submit.sock"),
+    ("/r/bot_relay/run/submit.sock", "/proc/self/fd/7/submit.sock", False, "/r/bot_relay/run/submit.sock"),
+    ("/" + "d" * 120 + "/submit.sock", "/proc/self/fd/7/submit.sock", True, "/proc/self/fd/7/submit.sock"),
+    ("/" + "d" * 120 + "/submit.sock", "/proc/self/fd/7/submit.sock", False, "/proc/self/fd/7/submit.sock"),
+    ("/r/submit.sock", "/proc/self/fd/7/" + "n" * 100, True, "/r/submit.sock"),  # a name too long for /proc
+], ids=["proc", "no-proc", "long-path", "long-path-no-proc", "long-name"])
+def test_address_choice_prefers_the_checked_directorys_descriptor(path: str, via_fd: str, proc: bool,
+                                                                  chosen: str) -> None:
+    from hermes_actors.hermes.submit_socket import address_choice
+
+    assert address_choice(path, via_fd, proc=proc) == chosen
 
 
 def test_a_stopping_hosts_answer_means_not_taken(tmp_path: Path) -> None:

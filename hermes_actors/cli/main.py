@@ -20,7 +20,7 @@ from typing import Any
 
 from loguru import logger
 
-from hermes_actors.cli.after_action import AfterActionError
+from hermes_actors.cli.after_action import USAGE_ERRORS, AfterActionError
 from hermes_actors.cli.arg_types import (
     MAX_SUSTAINED_SECONDS,
     Parser,
@@ -474,12 +474,14 @@ def _run(argv: Sequence[str] | None) -> int:
         code = int(args.func(args))
         sys.stdout.flush()  # here, not at exit: a reader that left is a BrokenPipeError we handle
         return code
-    except (FileNotFoundError, PermissionError, ValueError) as exc:
+    except USAGE_ERRORS as exc:
         if isinstance(exc, PermissionError) and exc.errno is not None:  # the OS refused a file: not a usage error
             return _os_failure(args, exc)
         print(f"error: {exc}", file=sys.stderr)  # a missing root, a root you cannot use, a bad value
         return EXIT_USAGE
     except AfterActionError as exc:  # the request was answered (a DM acked, a room made): no bad argument
+        if isinstance(exc.__cause__, OSError):  # a file operation failed: said as one, with what to do
+            return _os_failure(args, exc.__cause__)
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except TransportError as exc:  # the transport can't be used as configured (credentials, lease, extra)

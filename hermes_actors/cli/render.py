@@ -8,6 +8,7 @@ and ``--json`` prints the dict itself.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -80,28 +81,30 @@ def surrogates_escaped(value: Any) -> Any:
     return value
 
 
-def json_text(value: Any, *, indent: bool = False) -> str:
+def json_text(value: Any, *, indent: bool = False, default: Callable[[Any], Any] | None = None) -> str:
     """Pure: the JSON a ``--json`` output prints: always valid UTF-8 (:func:`surrogates_escaped`).
 
     orjson refuses a string holding a lone surrogate (``str is not valid UTF-8: surrogates not allowed``):
     a journal file or a profile folder whose name is not UTF-8 made ``status``/``outcome``/``doctor --json``
-    end with that traceback. Such strings are escaped; the rest is orjson's output as before.
+    end with that traceback. Such strings are escaped; the rest is orjson's output as before. The one rule of
+    every JSON the project shows a reader: ``serve --http``'s ``/status`` and ``/events`` are written by it too.
 
     Args:
         value: the dict or list to print.
         indent: indented two spaces (else one line).
+        default: what a value JSON cannot say is written as (orjson's ``default``: ``str``), None: refused.
 
     Returns:
         The JSON text.
 
     Raises:
-        TypeError: ``value`` holds something JSON cannot say (not a string's surrogates).
+        TypeError: ``value`` holds something JSON cannot say (not a string's surrogates) and ``default`` is None.
     """
     option = orjson.OPT_INDENT_2 if indent else 0
     try:
-        return orjson.dumps(value, option=option).decode()
+        return orjson.dumps(value, default=default, option=option).decode()
     except orjson.JSONEncodeError:
-        return orjson.dumps(surrogates_escaped(value), option=option).decode()
+        return orjson.dumps(surrogates_escaped(value), default=default, option=option).decode()
 
 
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
@@ -343,6 +346,20 @@ def _roster_phrase(relay: dict[str, Any]) -> str:
     return "no relay roster" if age is None else f"roster {_age(age)} old, {relay.get('remote_agents')} agents"
 
 
+def _peers_in_flight(count: Any) -> str:
+    """Pure: what the ``peers:`` line adds for the DMs handed to ``bot_peers`` peers without an outcome yet.
+
+    Args:
+        count: the status dict's ``relay.peers_in_flight`` (None or absent: the source does not say).
+
+    Returns:
+        ``; in flight to peers: 2`` (route ``peer`` in the in-flight list), or "" for none.
+    """
+    if not isinstance(count, int) or count <= 0:
+        return ""
+    return f"; in flight to peers: {count}"
+
+
 # A profile state the status line words beyond its name (ops.status: hermes still runs a turn given up on).
 _STATE_SHOWN = {"busy": "busy (a turn given up on still runs in the hermes gateway: DMs to it fail target_busy)"}
 
@@ -386,7 +403,8 @@ def status_text(status: dict[str, Any]) -> str:
     lines.append(f"  by reason: {_counts(c.get('by_reason') or {})}")
     relay = status.get("relay") or {}
     lines.append(f"relay: {relay.get('transport')}; {_relay_dirs(relay)}; {_roster_phrase(relay)}")
-    lines.append(f"peers: {', '.join(relay.get('peers') or []) or 'none (bot_peers in config.yaml)'}")
+    lines.append(f"peers: {', '.join(relay.get('peers') or []) or 'none (bot_peers in config.yaml)'}"
+                 f"{_peers_in_flight(relay.get('peers_in_flight'))}")
     rooms = status.get("rooms") or []
     if rooms:
         lines.append(f"rooms: {len(rooms)}")

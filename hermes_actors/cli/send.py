@@ -27,10 +27,11 @@ from hermes_actors.cli.render import (
 )
 from hermes_actors.cli.streams import print_json
 from hermes_actors.core.clipping import shown
+from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.shell import shell_command
 from hermes_actors.ops.stop_signals import StopSignals
 
-__all__ = ["cmd_send", "no_host_note"]
+__all__ = ["ambiguous_send_line", "cmd_send", "no_host_note", "send_answer_problem"]
 
 
 def _print_answer(answer: dict[str, Any], args: argparse.Namespace) -> int:
@@ -74,10 +75,42 @@ def no_host_note(root: object, sender: str) -> str:
                      f"prints its outcome: {who} is not woken with it in Bot Chat (only a host wakes senders)")
 
 
+def ambiguous_send_line(root: object, why: str, delivery_id: str | None = None) -> str:
+    """Pure: the line ``send`` prints when the host took its DM but did not say readably whether it queued it.
+
+    Args:
+        root: the Hermes root.
+        why: what happened (the host did not answer in time, closed without answering, answered garbage).
+        delivery_id: the DM's id when the answer gave one: looked for with ``outcome``, else with ``status``.
+
+    Returns:
+        e.g. ``ambiguous: …; the DM may or may not be queued (do not resend it blindly; look for it with:
+        hermes-actors status --root /r)``.
+    """
+    look = (outcome_command(root, delivery_id) if delivery_id is not None
+            else shell_command("hermes-actors", "status", "--root", root))
+    return printable(f"ambiguous: {why}; the DM may or may not be queued (do not resend it blindly; look for it "
+                     f"with: {look})")
+
+
+def send_answer_problem(answer: dict[str, Any]) -> str | None:
+    """Pure: what makes a host's answer to a send no ack and no refusal, or None when it is one of them.
+
+    Args:
+        answer: the JSON object the host answered.
+
+    Returns:
+        None for a refusal (``error``) or an ack (a ``delivery_id``), else what is wrong with it.
+    """
+    if "error" in answer or is_delivery_id(answer.get("delivery_id")):
+        return None
+    return f"its answer names no delivery id and no error: {shown(answer)}"
+
+
 def _send_via_host(args: argparse.Namespace) -> int | None:
     """Submit through the host serving the root; None when no host runs there."""
     from hermes_actors.cli.gateway_options import given_gateway_options, host_ignored_note
-    from hermes_actors.hermes.submit_client import HostLost, HostOffline, request
+    from hermes_actors.hermes.submit_client import HostLost, HostOffline, UnreadableAnswer, request
 
     payload = {"op": "send", "sender": args.sender, "target": args.target, "message": args.message, "hop": 0}
     try:
@@ -86,8 +119,16 @@ def _send_via_host(args: argparse.Namespace) -> int | None:
         return None
     except (TimeoutError, HostLost) as exc:  # never run in-process: the host may have queued it already
         why = f"the host of {args.root} did not answer within 30s" if isinstance(exc, TimeoutError) else str(exc)
-        print(f"ambiguous: {why}; the DM may or may not be queued (do not resend it blindly; look for it with: "
-              f"{shell_command('hermes-actors', 'status', '--root', args.root)})", file=sys.stderr)
+        print(ambiguous_send_line(args.root, why), file=sys.stderr)
+        return EXIT_FAILED
+    except UnreadableAnswer as exc:  # it took the DM: never a usage error, never run in-process
+        print(ambiguous_send_line(args.root, f"the host of {args.root} answered something unreadable ({exc})"),
+              file=sys.stderr)
+        return EXIT_FAILED
+    problem = send_answer_problem(ack)
+    if problem is not None:
+        print(ambiguous_send_line(args.root, f"the host of {args.root} answered no ack and no refusal ({problem})"),
+              file=sys.stderr)
         return EXIT_FAILED
     note = host_ignored_note(args.root, given_gateway_options(args), does="runs the DM",
                              without="a send that runs the DM itself")
@@ -112,7 +153,7 @@ def _host_answered(ack: dict[str, Any], args: argparse.Namespace) -> int:
         KeyboardInterrupt: a stop signal while it waited (:class:`StopSignalled` for SIGTERM and SIGHUP), once it
             said that the DM stays queued at the host.
     """
-    from hermes_actors.hermes.submit_client import HostLost, HostOffline, fetch_outcome
+    from hermes_actors.hermes.submit_client import HostLost, HostOffline, UnreadableAnswer, fetch_outcome
 
     code = _print_answer(ack, args)
     if "error" in ack or args.wait is None:
@@ -126,7 +167,7 @@ def _host_answered(ack: dict[str, Any], args: argparse.Namespace) -> int:
             print(f"interrupted; the DM stays queued at the host; its outcome, once settled: "
                   f"{outcome_command(args.root, ack['delivery_id'])}", file=sys.stderr)
             raise
-        except (HostOffline, HostLost, TimeoutError) as exc:
+        except (HostOffline, HostLost, TimeoutError, UnreadableAnswer) as exc:
             print(f"ambiguous: lost the host of {args.root} while waiting for the outcome ({exc}); look it up "
                   f"later with: {outcome_command(args.root, ack['delivery_id'])}", file=sys.stderr)
             return EXIT_FAILED

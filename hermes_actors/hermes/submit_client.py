@@ -29,6 +29,7 @@ from hermes_actors.hermes.submit_socket import (
     RECV_CHUNK,
     HostLost,
     HostOffline,
+    UnreadableAnswer,
     open_run_dir,
     peer_cred,
     socket_address,
@@ -37,6 +38,7 @@ from hermes_actors.hermes.submit_socket import (
 __all__ = [
     "HostLost",
     "HostOffline",
+    "UnreadableAnswer",
     "fetch_outcome",
     "fetch_roster",
     "fetch_status",
@@ -61,7 +63,7 @@ def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0)
             it (one there would be another root's); the text names it and says what to do.
         PermissionError: the run directory is another uid's, or the socket is served by another uid.
         TimeoutError: the host did not answer within ``timeout``.
-        ValueError: the answer is not a JSON object.
+        UnreadableAnswer: the answer is not a JSON object (or is too large): the host may have acted on the request.
     """
     path = socket_path(root)
     dir_fd = _open_endpoint_dir(root, path)
@@ -93,15 +95,18 @@ def request(root: str | Path, payload: dict[str, Any], *, timeout: float = 10.0)
                     break
                 data += chunk
                 if len(data) > MAX_ANSWER_BYTES:
-                    raise ValueError(f"the answer from {path} is larger than {MAX_ANSWER_BYTES} bytes")
+                    raise UnreadableAnswer(f"the answer from {path} is larger than {MAX_ANSWER_BYTES} bytes")
     finally:
         os.close(dir_fd)
     if not data:
         raise HostLost(f"the host on {path} closed the connection without answering (it stopped or died "
                        "mid-request)")
-    answer = orjson.loads(bytes(data))
+    try:
+        answer = orjson.loads(bytes(data))
+    except orjson.JSONDecodeError as exc:
+        raise UnreadableAnswer(f"the answer from {path} is not JSON ({exc})") from None
     if not isinstance(answer, dict):
-        raise ValueError(f"the answer from {path} is not a JSON object")
+        raise UnreadableAnswer(f"the answer from {path} is not a JSON object")
     if answer.get("op") == STOPPING_OP:  # taken from the backlog of a host that is stopping, never read
         raise HostOffline(f"the host on {path} is stopping; it did not take the request")
     return answer
@@ -177,6 +182,9 @@ def submit_dm(
                          "been queued — do not resend it blindly.", "reason": UNKNOWN}
     except TimeoutError:
         return {"error": f"The Bot Mode host on {root} did not answer within {timeout:g}s; the message may or may "
+                         "not have been queued — do not resend it blindly.", "reason": UNKNOWN}
+    except UnreadableAnswer as exc:
+        return {"error": f"The Bot Mode host on {root} answered something unreadable ({exc}); the message may or may "
                          "not have been queued — do not resend it blindly.", "reason": UNKNOWN}
     except (PermissionError, ValueError, OSError) as exc:
         return {"error": f"Could not submit the message to the Bot Mode host on {root}: {exc}", "reason": UNKNOWN}

@@ -2,8 +2,8 @@
 
 The ``run`` directory is reached from the root without following a symlink at any
 step (``bot_relay/`` swapped for one would lead to another root's host) and must be ours;
-a peer's uid is read with SO_PEERCRED; a long socket path is reached through
-``/proc/self/fd`` of the checked directory. A request is one line of JSON.
+a peer's uid is read with SO_PEERCRED; the socket is reached through ``/proc/self/fd`` of the
+checked directory (by its path only where ``/proc`` is missing). A request is one line of JSON.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from hermes_actors.store.hermes_root import root_path
 from hermes_actors.store.relay_dirfd import open_dir_below
 
 __all__ = [
-    "RECV_CHUNK", "HostLost", "HostOffline", "open_dir", "open_run_dir", "peer_cred", "read_request", "recv_by",
-    "socket_address", "timeout_by",
+    "RECV_CHUNK", "HostLost", "HostOffline", "UnreadableAnswer", "address_choice", "open_dir", "open_run_dir",
+    "peer_cred", "read_request", "recv_by", "socket_address", "timeout_by",
 ]
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _SUN_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
+_PROC_FD = "/proc/self/fd"
 RECV_CHUNK = 64 * 1024
 
 
@@ -45,6 +46,14 @@ class HostLost(ConnectionError):
     """
 
 
+class UnreadableAnswer(ValueError):
+    """The host took the request and answered something else than an answer: not JSON, not a JSON object, too large.
+
+    As with :class:`HostLost`, whether it acted on the request is unknown: a DM may have been queued, so it must not
+    be sent again blindly, and it is never a usage error (a ``ValueError`` a command raises before it acts is one).
+    """
+
+
 def peer_cred(sock: socket.socket) -> tuple[int, int]:
     """(pid, uid) of the process at the other end of a connected Unix socket."""
     pid, uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
@@ -52,14 +61,44 @@ def peer_cred(sock: socket.socket) -> tuple[int, int]:
 
 
 def socket_address(dir_fd: int, path: Path) -> str:
-    """A bindable/connectable address for ``path`` whose directory is open as ``dir_fd``.
+    """A bindable/connectable address for ``path`` whose directory is open as ``dir_fd`` (:func:`address_choice`).
 
-    Long paths (pytest's tmp dirs, deep homes) exceed ``sun_path``; going through
-    ``/proc/self/fd`` also pins the directory we checked, whatever its path does later.
+    Through ``/proc/self/fd/<dir_fd>/<name>`` whenever ``/proc`` is there: the directory reached is the one that
+    was checked (:func:`open_run_dir`), whatever its path leads to by now. Before, a short path was connected by
+    its path: a ``run/`` swapped between the checked walk and the connect redirected the connection to whatever
+    listened in the new one.
+
+    Args:
+        dir_fd: the checked directory, open.
+        path: the socket's path (its name is looked up in ``dir_fd``).
+
+    Returns:
+        The address to bind or connect.
     """
-    if len(os.fsencode(path)) < _SUN_PATH_MAX:
-        return str(path)
-    return f"/proc/self/fd/{dir_fd}/{path.name}"
+    via_fd = f"{_PROC_FD}/{dir_fd}/{path.name}"
+    return address_choice(str(path), via_fd, proc=os.path.isdir(f"{_PROC_FD}/{dir_fd}"))
+
+
+def address_choice(path: str, via_fd: str, *, proc: bool) -> str:
+    """Pure: the socket address to use, the checked directory's descriptor first.
+
+    Args:
+        path: the socket's path.
+        via_fd: the same socket through ``/proc/self/fd`` of its checked directory.
+        proc: whether ``/proc/self/fd`` leads to that directory (no ``/proc``: a container without it).
+
+    Returns:
+        ``via_fd`` when ``/proc`` is there and it fits ``sun_path``; else ``path`` when it fits; else ``via_fd``
+        (too long a path is reachable through ``/proc`` only: without it, the connect finds nothing listens).
+    """
+    if proc and _fits(via_fd):
+        return via_fd
+    return path if _fits(path) else via_fd
+
+
+def _fits(address: str) -> bool:
+    """Pure: whether ``address`` fits ``sun_path`` (with a margin)."""
+    return len(os.fsencode(address)) < _SUN_PATH_MAX
 
 
 def open_dir(directory: Path, *, parent_fd: int | None = None) -> int:

@@ -23,7 +23,7 @@ from hermes_actors.local.outcome_book import Pending
 from hermes_actors.messages import Delivery, Outcome
 from hermes_actors.ops.delivery_log import delivery_line
 
-__all__ = ["IN_FLIGHT_ROWS", "DeliveryStats", "log_settled"]
+__all__ = ["IN_FLIGHT_ROWS", "DeliveryStats", "in_flight_counts", "log_settled"]
 
 IN_FLIGHT_ROWS = 200  # in-flight deliveries listed by stats() (the oldest; all are counted per profile)
 
@@ -49,6 +49,28 @@ def _settled_line(delivery: Delivery | None, outcome: Outcome) -> str:
     return delivery_line(outcome.delivery_id, sender, outcome.from_, outcome.status, outcome.reason, latency)
 
 
+def in_flight_counts(pending: Iterable[tuple[str, str]]) -> tuple[dict[str, int], int]:
+    """Pure: the DMs in flight per local profile, and those handed to a ``bot_peers`` peer, apart.
+
+    A DM no profile of this root runs (to a peer, or to another connection) has no target profile: it is never
+    counted under one (before, ``status`` from the files counted a peer DM under the profile "").
+
+    Args:
+        pending: (target profile, route) of each DM in flight; the target is "" when no local profile runs it.
+
+    Returns:
+        ({profile: DMs in flight to it}, DMs in flight to peers).
+    """
+    per_profile: Counter[str] = Counter()
+    to_peers = 0
+    for target, route in pending:
+        if route == "peer":
+            to_peers += 1
+        elif target:
+            per_profile[target] += 1
+    return dict(per_profile), to_peers
+
+
 class DeliveryStats:
     """The published DM outcomes by (status, reason), and the in-flight view."""
 
@@ -61,13 +83,14 @@ class DeliveryStats:
         log_settled(delivery, outcome)
 
     def view(self, pending: Iterable[tuple[str, Pending]], live_owners: Iterable[str]) -> dict[str, Any]:
-        """The ``deliveries`` stats: the oldest in flight, counts per profile, live owners, outcomes.
+        """The ``deliveries`` stats: the oldest in flight, counts per profile and to peers, live owners, outcomes.
 
         Args:
             pending: the pending entries, oldest first.
             live_owners: the profiles with an attached live owner.
         """
         rows = list(pending)
+        per_profile, to_peers = in_flight_counts((p.delivery.target, p.route) for _, p in rows)
         by_outcome: dict[str, dict[str, int]] = {}
         for (status, reason), count in self.by_outcome.items():
             by_outcome.setdefault(status, {})[reason] = count
@@ -79,7 +102,8 @@ class DeliveryStats:
                  "accepted_at": p.delivery.accepted_at}
                 for key, p in itertools.islice(rows, IN_FLIGHT_ROWS)
             ],
-            "per_profile": dict(Counter(p.delivery.target for _, p in rows if p.delivery.target)),
+            "per_profile": per_profile,
+            "peers_in_flight": to_peers,
             "live_owners": sorted(live_owners),
             "by_outcome": by_outcome,
         }

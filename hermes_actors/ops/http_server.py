@@ -31,10 +31,10 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import orjson
 from loguru import logger
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from hermes_actors.cli.render import json_text
 from hermes_actors.core.accept_retry import accept_backoff, accept_retries
 from hermes_actors.core.spell import Spell
 from hermes_actors.gateway import Gateway
@@ -440,7 +440,7 @@ class _Handler(BaseHTTPRequestHandler):
             status, code = ops.status(ops.gateway), HTTPStatus.OK
         except (RuntimeError, TimeoutError) as exc:  # stopping, or an actor gone or stuck
             status, code = {"running": False, "error": str(exc)}, HTTPStatus.SERVICE_UNAVAILABLE
-        self._reply(code, orjson.dumps(status, default=str), "application/json")
+        self._reply(code, json_text(status, default=str).encode(), "application/json")
 
     def _events(self) -> None:
         """Server-Sent Events: ``snapshot`` first, then ``outcome`` and ``room`` as each arrives, and ``status``
@@ -489,5 +489,6 @@ class _Handler(BaseHTTPRequestHandler):
         return seq
 
     def _send(self, event: str, data: Any) -> None:
-        self.wfile.write(b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data, default=str) + b"\n\n")
+        # the CLI's --json rule (cli.render.json_text): a lone surrogate (a root whose path is not UTF-8) is escaped
+        self.wfile.write(b"event: " + event.encode() + b"\ndata: " + json_text(data, default=str).encode() + b"\n\n")
         self.wfile.flush()

@@ -12,10 +12,12 @@ gateway answers. Both return the same shape (``source`` says which)::
       "processes": [{"pid", "connection_id", "age_seconds"}],   # fresh gateway heartbeats
       "profiles": [{"profile", "handle", "title", "managed", "state", "queued", "in_flight", "live_owner"}],
       "in_flight": [{"delivery_id", "sender", "target", "profile", "route", "age_seconds", "started"}],
-                                          # sender: its handle (core.outcomes.shown_sender), target: its label
+                                          # sender: its handle (core.outcomes.shown_sender), target: its label,
+                                          # profile: the local one that runs it ("" for routes relay and peer)
       "counters": {"accepted", "refused", "settled", "pending", "by_status", "by_reason", "by_outcome"},
       "relay": {"transport", "outbox", "claimed", "replies", "inbox", "taken", "quarantine", "unconfirmed",
-                "roster", "roster_age_seconds", "remote_agents", "reachable", "peers", "alive", "stats"},
+                "roster", "roster_age_seconds", "remote_agents", "reachable", "peers", "peers_in_flight", "alive",
+                "stats"},                 # peers_in_flight: DMs handed to bot_peers peers without an outcome
       "managed": True | False,
       "problems": ["..."],
       "rooms": [{"name", "room_id", "members", "state", "messages", "last_activity", "idle_seconds"}],
@@ -53,6 +55,7 @@ from hermes_actors.core.outcomes import shown_sender
 from hermes_actors.core.shell import shell_command
 from hermes_actors.core.wake import WAKE_ORIGIN, shown_route
 from hermes_actors.hermes.warm_or_cli import turns_in_hermes
+from hermes_actors.local.delivery_stats import in_flight_counts
 from hermes_actors.messages import PEER_ORIGIN, RELAY_ORIGIN
 from hermes_actors.ops.doctor_checks import check_redis
 from hermes_actors.ops.journal_view import read_journals
@@ -335,7 +338,6 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
         problems.append(f"{folded.corrupt_lines} corrupt journal line(s) skipped")
     pending: list[dict[str, Any]] = []
     by_outcome: dict[str, dict[str, int]] = {}
-    per_profile: Counter[str] = Counter()
     for key, state in folded.states.items():
         origin = delivery_origin(state)  # a rewritten journal keeps it on the finished record
         if state.outcome is not None:
@@ -349,13 +351,13 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
         elif state.delivery is not None:
             d = state.delivery
             profile = str(d.get("target") or "")
-            per_profile[profile] += 1
             sender = shown_sender(str(d.get("sender") or ""), str(d.get("sender_handle") or ""))
             pending.append({"delivery_id": key, "sender": sender, "target": d.get("label") or profile,
                             "profile": profile,
                             "route": shown_route(_journaled_route(origin), str(origin)),
                             "accepted_at": d.get("accepted_at"),
                             "started": state.started > 0})
+    per_profile, to_peers = in_flight_counts((row["profile"], row["route"]) for row in pending)
     profiles = _profile_dicts(root)
     settled = sum(sum(r.values()) for r in by_outcome.values())
     roster = read_remote_roster(root, config.raw, now=now)
@@ -365,13 +367,13 @@ def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]
         "running": False,
         "gateway": None,
         "processes": heartbeats(root, now),
-        "profiles": profile_rows(profiles, dict(per_profile), set(), live=False),
+        "profiles": profile_rows(profiles, per_profile, set(), live=False),
         "in_flight": in_flight_rows(pending, now),
         "counters": {"accepted": None, "refused": None, "settled": settled,
                      "pending": sum(1 for row in pending if row["route"] != "wake"),
                      **outcome_counters(by_outcome)},
         "relay": {"transport": _transport(config.raw), **relay_dir_counts(root), **roster_fields(roster),
-                  "peers": list(config.peers), "alive": None, "stats": None},
+                  "peers": list(config.peers), "peers_in_flight": to_peers, "alive": None, "stats": None},
         "managed": install_is_managed(discover_profiles(root)),
         "problems": relay_start_problems(root) + problems + transport_problems(root, roster),
     }
@@ -456,6 +458,7 @@ def live_status(gateway: Gateway, *, now: float | None = None) -> dict[str, Any]
         "counters": counters,
         "relay": {"transport": _transport(raw), **relay_dir_counts(root), **roster_fields(roster, reachable),
                   "peers": list(config.peers) if config is not None else [],
+                  "peers_in_flight": deliveries.get("peers_in_flight"),
                   "alive": stats.get("relay_alive"), "stats": stats.get("relay")},
         "managed": install_managed,
         "problems": problems + transport_problems(root, roster, reachable),
