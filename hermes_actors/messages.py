@@ -689,19 +689,12 @@ class Disband:
     """Ask the RoomActor to delete its file and end; answered with the room dict."""
 
 
-@dataclass(frozen=True, slots=True)
-class Rewrite:
-    """Ask the RoomActor to write its file (and its running turn's start mark) again: they went with a ``rooms/``
-    swapped away, put back empty (``Rooms.keep_directory``); answered once written (or said why not)."""
-
-
 # ── RoomsTakeover (rooms/rooms.py): while another process holds the rooms owner lock ───
 
 
 @dataclass(frozen=True, slots=True)
 class RoomsTick:
-    """Timer (``RoomsTakeover``, rooms/rooms.py): try to take the root's rooms over (their owner lock is free now?);
-    once they are driven here, put a swapped ``rooms/`` back."""
+    """Timer (``RoomsTakeover``, rooms/rooms.py): try to take the root's rooms over (their owner lock is free now?)."""
 
 
 # ── HubActor (relay/hub.py) ──────────────────────────────────────────────

@@ -23,9 +23,6 @@ from hermes_actors.messages import Turn
 from hermes_actors.rooms.remote import HostRooms
 from hermes_actors.rooms.store import ROOM_MAX_BYTES, RoomFiles
 
-# rooms/ swapped while the gateway runs stays swapped for the test: the gateway that drives the rooms puts it back
-# at its rescan period (Rooms.keep_directory), here an hour
-NO_PUT_BACK = {"bot_mode": {"rescan_seconds": 3600}}
 KINDS = [
     "non-json", "json-array", "huge", "symlink", "bad-name", "id-mismatch", "group-writable", "other-uid", "socket",
     "directory", "bad-member", "running-stranger", "bad-version", "empty-queue", "entry-round", "entry-status",
@@ -96,7 +93,7 @@ def test_hostile_room_file_is_quarantined_and_the_valid_room_still_works(
 def test_a_rooms_directory_swapped_while_the_gateway_runs_is_refused_and_dms_still_flow(tmp_path: Path) -> None:
     """Swapped at runtime: never written through (one swapped before a start is put back by it:
     tests/test_start_puts_back.py)."""
-    root = make_root(tmp_path, {"alice": {}, "bob": {}}, config=NO_PUT_BACK)
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     rooms = root / "bot_relay" / "rooms"
@@ -222,7 +219,7 @@ def test_a_disband_through_a_swapped_rooms_directory_deletes_nothing_outside_and
     while the real room file stayed (the room came back once `rooms/` was put back). Now the disband is refused
     naming the directory, logged, nothing is deleted, the room goes on, and it is disbanded once its directory is
     back."""
-    root = make_root(tmp_path, {"alice": {}, "bob": {}}, config=NO_PUT_BACK)
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
     rooms = root / "bot_relay" / "rooms"
     refused = (rf"^room 'plan' is not disbanded: its file {re.escape(str(rooms))}/[0-9a-f]{{32}}\.json could not be "
                rf"deleted \({re.escape(str(rooms))} is a symlink or not a directory; refusing to use it\); nothing was "
@@ -254,7 +251,7 @@ def test_a_send_whose_write_failed_leaves_no_trace_and_the_room_works_once_its_d
 ) -> None:
     # Regression: the refused message stayed in the transcript, the room stayed "busy" and every later send
     # answered "gateway is not running" until a restart (the failed write halted the room for good).
-    root = make_root(tmp_path, {"alice": {}, "bob": {}}, config=NO_PUT_BACK)
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
     runner = RecordingRunner(lambda turn: "[SILENT]")
     with Gateway(root, runner=runner) as gw:
         room = gw.create_room("plan", ["alice", "bob"])
@@ -288,7 +285,7 @@ def test_a_turn_result_whose_write_failed_is_written_at_the_next_send_and_no_tur
     # Regression: the room halted for good after the failed write (no further turn, every send refused
     # "gateway is not running"). Now the next send writes alice's reply with itself; bob's turn, never
     # recorded, starts then; alice's turn is not run again.
-    root = make_root(tmp_path, {"alice": {}, "bob": {}, "carol": {}}, config=NO_PUT_BACK)
+    root = make_root(tmp_path, {"alice": {}, "bob": {}, "carol": {}})
     rooms = root / "bot_relay" / "rooms"
     swapped: list[Path] = []
 
@@ -328,7 +325,7 @@ def test_a_turn_result_never_written_before_a_restart_is_shown_interrupted_not_r
 ) -> None:
     # Exactly once across a failed write: the file still holds alice's turn as running (with its start mark),
     # so the next start shows it interrupted and goes on with bob; her turn never runs twice.
-    root = make_root(tmp_path, {"alice": {}, "bob": {}}, config=NO_PUT_BACK)
+    root = make_root(tmp_path, {"alice": {}, "bob": {}})
     rooms = root / "bot_relay" / "rooms"
     swapped: list[Path] = []
 
@@ -420,58 +417,3 @@ def test_a_member_turn_through_a_swapped_rooms_directory_is_refused_never_judged
         RoomStartMarks(root, room_id, fsync=False).append_durably({"t": "started", "id": uuid.uuid4().hex})
     assert "was refused" in str(raised.value) and f"{files.directory} is a symlink" in str(raised.value)
     assert sorted(os.listdir(outside)) == ([f"{room_id}.json"] if decoy else [])
-
-
-def test_a_rooms_directory_swapped_while_the_gateway_drives_the_rooms_is_put_back_and_the_disband_works(
-    tmp_path: Path, logs: LogCapture
-) -> None:
-    # Regression (swapped directories): a rooms/ swapped for a symlink while the gateway ran stayed swapped until a
-    # user or a restart put it right (the relay's rescan leaves it: the rooms owner lock is in it), so every room
-    # write and every disband was refused meanwhile. Now the gateway that drives the rooms puts it back at its
-    # rescan period, as the relay does its directories: the symlink into quarantine/ (never followed), rooms/ made
-    # again, the owner lock taken in it, and each room's file, and its running turn's start mark, written again.
-    import threading
-
-    root = make_root(tmp_path, {"alice": {}, "bob": {}}, config={"bot_mode": {"rescan_seconds": 0.05}})
-    rooms = root / "bot_relay" / "rooms"
-    release = threading.Event()
-
-    def behave(turn: Turn) -> str:
-        if turn.profile == "alice":
-            assert release.wait(30), "the test never released alice's turn"
-            return "alice speaks"
-        return "[SILENT]"
-
-    runner = RecordingRunner(behave)
-    try:
-        with Gateway(root, runner=runner) as gw:
-            room = gw.create_room("plan", ["alice", "bob"])
-            gw.room_send("plan", "user", "go @alice")
-            runner.wait_entered(1, timeout=20)
-            (turn,) = runner.entered
-            real = swap_for_copy(rooms, tmp_path / "outside")
-            outside = file_states(tmp_path / "outside")
-            room_file = rooms / f"{room['room_id']}.json"
-            mark = rooms / ".started" / f"{turn.delivery_id}.json"
-            await_condition(lambda: not rooms.is_symlink() and room_file.exists() and mark.exists(), timeout=20,
-                            message="rooms/ put back, the room's file and its running turn's mark written again")
-            on_disk = json.loads(room_file.read_text())
-            assert on_disk["running"]["turn_id"] == turn.delivery_id
-            assert [e["text"] for e in on_disk["transcript"]] == ["go @alice"]
-            holder = RoomFiles(root).owner_lock()
-            try:
-                assert not holder.try_acquire(), "nobody holds the rooms owner lock of the rooms/ put back"
-            finally:
-                holder.close()
-            release.set()
-            assert gw.wait_room_idle("plan", timeout=20) == "idle"
-            assert [(e["author"], e["text"]) for e in gw.room_transcript("plan")] == [
-                ("user", "go @alice"), ("alice", "alice speaks")]
-            assert gw.disband_room("plan")["state"] == "disbanded"
-    finally:
-        release.set()
-    assert file_states(tmp_path / "outside") == outside  # nothing written or deleted through the symlink
-    assert not room_file.exists() and (real / room_file.name).exists()  # the real directory, as it was left
-    [moved] = (root / "bot_relay" / "quarantine").glob("rooms.*.quarantined")
-    assert moved.is_symlink()
-    assert logs.matching("rooms:", str(rooms), "replaced by a symlink or a file"), logs.lines

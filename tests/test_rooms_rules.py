@@ -336,8 +336,8 @@ def test_unrecorded_is_one_text_for_every_room_write_that_failed(args: tuple[str
         (HostileFileError("/r/rooms is a symlink or not a directory; refusing to use it"),
          "room 'plan' is not disbanded: its file /r/rooms/x.json could not be deleted (/r/rooms is a symlink or not a "
          "directory; refusing to use it); nothing was deleted and the room stays. Put this user's real directory back "
-         "in its place (the gateway that drives the rooms moves a symlink or a file there into quarantine/ within its "
-         "rescan period, and so does the next gateway start), then disband the room again"),
+         "in its place (the next gateway start moves a symlink or a file there into quarantine/), then disband the "
+         "room again"),
     ],
 )
 def test_not_disbanded_is_one_text_for_the_gateway_and_the_hostless_disband(exc: Exception, text: str) -> None:

@@ -187,8 +187,7 @@ class BotModeConfig:
     rescan_seconds: float = setting(
         2.0, "the relay's reconcile rescan (it also takes over what a gateway that stopped or died on the root "
              "left: shelves, `sent/` records, journals), the roster's change check, and, while another process holds "
-             "the rooms owner lock, the try to take the group rooms over (and, once they are driven here, the "
-             "put-back of a swapped `rooms/`)",
+             "the rooms owner lock, the try to take the group rooms over",
         at_least=0.05, at_most=3600)
     wake_sender: str = setting(
         "auto", "deliver each outcome into the sender's Bot Chat as a new turn: `auto` (on when turns run on the "

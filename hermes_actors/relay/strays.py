@@ -54,8 +54,7 @@ def start_directories(paths: InboxPaths) -> tuple[Path, ...]:
     made again at once. Not by the rescan (:func:`kept_directories`): a user already running keeps its lock or
     its open file (``run/submit.lock``, ``rooms/.owner.lock``) in the directory swapped away; the host puts its
     own ``run/`` back at its rescan period, taking its lock in the new one
-    (:class:`~hermes_actors.hermes.submit.SubmitServer`), and so does the gateway that drives the rooms for
-    ``rooms/`` (:meth:`~hermes_actors.rooms.rooms.Rooms.keep_directory`).
+    (:class:`~hermes_actors.hermes.submit.SubmitServer`).
 
     Not ``journal/``: a journal moved to another disk and linked back holds acked DMs; moved aside, they would
     never run. A swapped one refuses a durable start (:func:`refused_at_start`; the text says how to put the

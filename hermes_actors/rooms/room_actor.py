@@ -44,7 +44,6 @@ from hermes_actors.messages import (
     MemberTurnDone,
     Notify,
     Outcome,
-    Rewrite,
     RoomSend,
     RoomTurn,
     RosterSnapshot,
@@ -387,22 +386,6 @@ class RoomActor(TypedActor):
     @handles(Halt)
     def _on_halt(self, msg: Halt) -> None:
         self.halted = True
-
-    @handles(Rewrite)
-    def _on_rewrite(self, msg: Rewrite) -> None:
-        """Write the room's file again, and first its running turn's start mark: both went with a ``rooms/``
-        swapped away, put back empty (:meth:`~hermes_actors.rooms.rooms.Rooms.keep_directory`). The mark first: a
-        restart must never find the turn ``running`` without it (it would run it again). Then the rounds go on.
-        """
-        running = self.record.running
-        try:
-            if running is not None:
-                self.files.mark_started(running["turn_id"], self.record.room_id)
-            self._save()
-        except (OSError, ValueError) as exc:  # StoreError, HostileFileError included: said as any failed write
-            self._unwritable("could not write its file again once rooms/ was put back", exc)
-            return
-        self._advance()
 
     @handles(Disband)
     def _on_disband(self, msg: Disband) -> dict[str, Any]:

@@ -10,8 +10,7 @@ One gateway process drives a root's rooms: :meth:`Rooms.start` takes the flock
 the same root finds it held and its room calls raise, naming why, until the lock is free:
 then it takes the rooms over (:meth:`Rooms.take_over`), at its next rescan tick
 (:class:`RoomsTakeover`) or room call, whichever comes first, resuming them from their
-files as a start does. The gateway that drives them puts a ``rooms/`` swapped for a symlink or a
-file back at those ticks (:meth:`Rooms.keep_directory`), taking the lock in the new one.
+files as a start does.
 """
 
 from __future__ import annotations
@@ -36,18 +35,14 @@ from hermes_actors.messages import (
     GetSummary,
     GetTranscript,
     Halt,
-    Rewrite,
     RoomSend,
     RoomsTick,
     RosterSnapshot,
 )
-from hermes_actors.relay.strays import move_swapped_aside
 from hermes_actors.rooms.room_actor import RoomActor
 from hermes_actors.rooms.room_record import RoomRecord
 from hermes_actors.rooms.rules import find_room, name_problem, name_taken, plan_members, unrecorded
 from hermes_actors.rooms.store import RoomFiles
-from hermes_actors.store.relay_dirfd import swapped_below
-from hermes_actors.store.relay_inbox import InboxPaths
 from hermes_actors.store.turnlock import TurnLock
 
 __all__ = ["Rooms", "RoomsTakeover"]
@@ -64,8 +59,7 @@ class Rooms:
         roster: the RosterActor.
         notifier: the subscribers' Notifier (room events).
         scheduler: the gateway's timers: while the rooms are unavailable, a :class:`RoomsTakeover` tries to take
-            them over every ``retry_seconds`` (None: only room calls try); once they are driven here, it puts a
-            swapped ``rooms/`` back (:meth:`Rooms.keep_directory`).
+            them over every ``retry_seconds`` (None: only room calls try).
         retry_seconds: how often (the gateway's ``bot_mode.rescan_seconds``).
     """
 
@@ -118,79 +112,13 @@ class Rooms:
         """
         with self._taking:
             self._take()
-        if self.scheduler is not None:  # while driving too: it puts a swapped rooms/ back (keep_directory)
-            self._takeover = RoomsTakeover.start(self.scheduler, self.retry_seconds, self.tick)
         if self._broken is None:
             return len(self._rooms)
         logger.info("rooms are unavailable here for now: {}; this gateway takes them over once it can (tried every "
                     "{:g} s and at each room call)", self._broken, self.retry_seconds)
+        if self.scheduler is not None:
+            self._takeover = RoomsTakeover.start(self.scheduler, self.retry_seconds, self.take_over)
         return 0
-
-    def tick(self) -> bool:
-        """One tick of the :class:`RoomsTakeover` (every ``retry_seconds``): take the rooms over while they are
-        unavailable (:meth:`take_over`); once they are driven here, put a swapped ``rooms/`` back
-        (:meth:`keep_directory`).
-
-        Returns:
-            False: the ticks go on until the gateway stops.
-        """
-        if self.take_over():
-            self.keep_directory()
-        return False
-
-    def keep_directory(self) -> bool:
-        """Put ``rooms/`` back when it was swapped for a symlink or a file while this gateway drives the rooms.
-
-        The relay's rule for its directories (:func:`~hermes_actors.relay.strays.move_swapped_aside`: the entry
-        moved into ``quarantine/`` as it is, never followed), done here rather than by the relay's rescan: this
-        gateway holds the rooms owner lock, which went with the directory swapped away. So it makes ``rooms/``
-        again (0700), takes the owner lock in it (letting go of the one left behind), and has every room write its
-        file again, and its running turn's start mark (:class:`~hermes_actors.messages.Rewrite`): they went with
-        the directory. One WARNING says so. Another user's ``rooms/``, or one below a ``bot_relay/`` that is
-        itself unusable, is not put back (room calls keep naming it).
-
-        Returns:
-            Whether it was put back now.
-        """
-        files = self.files
-        with self._taking:
-            if not self._driving or self._closed:
-                return False
-            try:
-                if not swapped_below(files.relay.root, files.directory):
-                    return False
-            except (OSError, ValueError):  # HostileFileError included: bot_relay/ itself, the relay's rescan says so
-                return False
-            logger.warning("rooms: {} was replaced by a symlink or a file (room writes and disbands were refused); "
-                           "putting it back, its room files written again from this gateway's rooms", files.directory)
-            move_swapped_aside(InboxPaths.from_root(files.relay.root), files.directory)
-            owner = files.owner_lock()
-            try:
-                files.ensure()
-                taken = files.take_owner_lock(owner)
-            except (OSError, ValueError) as exc:  # StoreError, HostileFileError included
-                owner.close()
-                logger.error("rooms: {} could not be put back ({}); room writes fail until it is (tried again at "
-                             "the next tick)", files.directory, exc)
-                return False
-            if not taken:  # another gateway's take-over won the new lock: it drives, from the files it found
-                owner.close()
-                logger.error("rooms: {} was put back, but another gateway took its rooms owner lock first; this "
-                             "gateway's rooms are not written there. Restart the gateways on {} so that one drives "
-                             "the rooms", files.directory, files.relay.root)
-                return False
-            former, self._owner = self._owner, owner
-            if former is not None:
-                files.release_owner_lock(former)
-                former.close()
-            with self._lock:
-                refs = [ref for _, ref in self._rooms.values()]
-        for ref in refs:
-            try:
-                ask(ref, Rewrite(), timeout=_ASK_TIMEOUT)
-            except (ActorGone, AskTimeout):
-                continue  # disbanded or stopping meanwhile
-        return True
 
     def take_over(self) -> bool:
         """Drive the root's rooms from now on if the rooms owner lock is free (a no-op once this gateway drives
@@ -388,16 +316,15 @@ class Rooms:
 
 
 class RoomsTakeover(TypedActor):
-    """While a gateway's rooms are unavailable: tries to take them over at each tick; once they are driven here,
-    puts a swapped ``rooms/`` back (:meth:`Rooms.tick`).
+    """While a gateway's rooms are unavailable: tries to take them over at each tick, then ends.
 
     A flock tells nobody when it is let go, so the gateway tries it again at its rescan pace
-    (``bot_mode.rescan_seconds``); a thin shell over :meth:`Rooms.tick`, which does the work.
+    (``bot_mode.rescan_seconds``); a thin shell over :meth:`Rooms.take_over`, which does the work.
 
     Args:
         scheduler: the gateway's timers.
         interval: seconds between two tries.
-        take_over: the try; True to end the ticks (the actor then stops).
+        take_over: the try; True once the rooms are driven here (the actor then stops).
     """
 
     def __init__(self, scheduler: Scheduler, interval: float, take_over: Callable[[], bool]) -> None:

@@ -193,8 +193,7 @@ def not_disbanded(name: str, path: object, exc: BaseException) -> RuntimeError:
     text = f"room {name!r} is not disbanded: its file {path} could not be deleted ({exc})"
     if isinstance(exc, HostileFileError):
         text += ("; nothing was deleted and the room stays. Put this user's real directory back in its place (the "
-                 "gateway that drives the rooms moves a symlink or a file there into quarantine/ within its rescan "
-                 "period, and so does the next gateway start), then disband the room again")
+                 "next gateway start moves a symlink or a file there into quarantine/), then disband the room again")
     return RuntimeError(text)
 
 

@@ -235,19 +235,6 @@ class RoomFiles:
                 quarantine(self.relay, started, f"the room turns' start-mark directory is refused ({exc})")
             return ensure_private_dir(started, within=self.relay.root)
 
-    def mark_started(self, turn_id: str, room_id: str) -> None:
-        """Write the start mark of the member turn ``turn_id`` of room ``room_id`` (:meth:`start_mark`), making
-        ``rooms/.started`` if needed (:meth:`ensure_started`).
-
-        Raises:
-            ValidationError: a bad id, or a hostile directory (HostileFileError).
-            StoreError / OSError: it could not be written.
-        """
-        mark = self.start_mark(turn_id)
-        self.ensure_started()
-        atomic_write_bytes(mark, orjson.dumps({"turn_id": turn_id, "room_id": room_id}),
-                           tmp_dir=self.relay.tmp, fsync=self.fsync, within=self.relay.base)
-
     def forget_start(self, turn_id: str) -> None:
         """Remove the start mark of a member turn the room file no longer holds as ``running``
         (through the checked ``.started``: a swapped one is never followed)."""
@@ -379,7 +366,10 @@ class RoomStartMarks:
             # disbanded while the turn was queued; looked up through the checked rooms/ (a swapped one is refused)
             if not lexists_below(files.relay.base, files.path(self.room_id)):
                 raise StoreError(f"room {self.room_id} was disbanded: its member turn {turn_id} does not run")
-            files.mark_started(turn_id, self.room_id)
+            mark = files.start_mark(turn_id)
+            files.ensure_started()
+            atomic_write_bytes(mark, orjson.dumps({"turn_id": turn_id, "room_id": self.room_id}),
+                               tmp_dir=files.relay.tmp, fsync=files.fsync, within=files.relay.base)
         except StoreError:
             raise
         except ValidationError as exc:  # a bad id, or a hostile directory (HostileFileError)
