@@ -1152,3 +1152,34 @@ def test_an_envelope_posted_again_after_the_restart_gets_its_first_reply_and_run
     assert (again["reply"], again["error"], again["reason"]) == (first["reply"], first["error"], first["reason"])
     assert first["reply"] == "answer 1"
     assert [t.delivery_id for t in rec.entered] == [env["id"]]
+
+
+def test_an_envelope_that_may_have_run_is_answered_ambiguous_at_once_when_the_dispatcher_is_gone(
+    tmp_path: Path,
+) -> None:
+    """Regression (diff review of the journal's answer to a restart's started envelopes): a started envelope adopted
+    at a running gateway's rescan goes to the Dispatcher to be answered with its journaled outcome; with the
+    Dispatcher gone, it stayed on our shelf unanswered until the next start (the put-back refuses a started one),
+    where it had been answered ``ambiguous`` at once before. Now it is answered so, never run, its shelf file and
+    start mark cleared."""
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini", config={"bot_mode": {"rescan_seconds": 0.1}})
+    rec = RecordingRunner()
+    taken = mini / "bot_relay" / "taken"
+    started = mini / "bot_relay" / "started"
+    with Gateway(mini, runner=rec, connection_id="mini") as gw:
+        system = gw._system
+        assert system is not None and system.dispatcher is not None
+        system.dispatcher.stop(block=True)
+        env = _inbound("moxie", "m0")
+        dead = _dead_shelf(taken)
+        started.mkdir(exist_ok=True, mode=0o700)
+        _write(started / f"{env['id']}.json", {"id": env["id"], "at": int(time.time())})
+        _write(dead / f"{env['id']}.json", env)
+        await_condition(lambda: _delivered(mini, env["id"]) is not None, timeout=30,
+                        message="the adopted started envelope is answered by the running gateway")
+        await_condition(lambda: not (started / f"{env['id']}.json").exists(), timeout=30,
+                        message="its start mark is cleared once the answer is on disk")
+    reply = _delivered(mini, env["id"])
+    assert reply is not None and "do not resend" in reply["error"], reply
+    assert rec.entered == []
+    assert list(taken.rglob(f"{env['id']}.json")) == []

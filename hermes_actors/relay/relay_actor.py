@@ -57,7 +57,7 @@ from hermes_actors.relay.desktop_rpc import DESKTOP_CALLER
 from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, drain_outbox
 from hermes_actors.relay.journal_takeover import JournalTakeover
 from hermes_actors.relay.outbound import Outbound
-from hermes_actors.relay.restart import AMBIGUOUS_WHY, recover_taken, reown_sent
+from hermes_actors.relay.restart import AMBIGUOUS_WHY, ambiguous_reply, recover_taken, reown_sent
 from hermes_actors.relay.strays import quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
@@ -290,14 +290,18 @@ class RelayActor(TypedActor):
 
         A Dispatcher already gone (a stop, or its failure) never crashes the relay, which would drop every
         message queued behind: the envelope goes back to ``inbox/`` unstarted, as a stop's cancelled one does
-        (:meth:`_put_back`), and the next taker runs it once. One that cannot be put back (a started one never
-        is) stays on our shelf, kept at the stop, and the next start adopts it (never started: run once; started:
-        answered so again).
+        (:meth:`_put_back`), and the next taker runs it once. One that cannot be put back stays on our shelf,
+        kept at the stop, and the next start adopts it (never started: run once). One that may have run is
+        answered ``ambiguous`` at once (no Dispatcher is left to look for its recorded outcome): its sender is not
+        left waiting for a start that may never come.
         """
         envelope_id = envelope["id"]
         if tell(self.dispatcher, RelayDeliver(envelope, reply_connection, dead_why=dead_why)):
             if not dead_why:
                 self.counters["drained"] += 1
+            return
+        if dead_why:
+            self._write_delivered(ambiguous_reply(envelope, dead_why, now=time.time()), reply_connection)
             return
         if not self._put_back(envelope_id):
             logger.warning("relay: the Dispatcher is gone and {} could not go back into inbox/; it stays on our "

@@ -95,9 +95,9 @@ from hermes_actors.store.relay_sent import (
 )
 from hermes_actors.store.relay_shelf import Adopted, holding_places, is_shelf_name, release_dead, shelf_held, take_dead
 
-__all__ = ["DamagedFate", "EnvelopeFound", "SentScan", "TakenAction", "TakenRecovery", "damaged_fate",
-           "envelope_is_ours", "journal_settled", "rebuilt_record", "recover_taken", "reown_sent", "scan_sent",
-           "take_over_sent", "taken_action"]
+__all__ = ["DamagedFate", "EnvelopeFound", "SentScan", "TakenAction", "TakenRecovery", "ambiguous_reply",
+           "damaged_fate", "envelope_is_ours", "journal_settled", "rebuilt_record", "recover_taken", "reown_sent",
+           "scan_sent", "take_over_sent", "taken_action"]
 
 TakenAction = Literal["finished", "may_have_run", "rerun"]
 # What a start found of the envelope of a DM whose sent/ record was damaged: one of ours, someone else's, or none
@@ -220,12 +220,7 @@ def _recover_one(paths: InboxPaths, envelope_id: str, shelf: int, result: TakenR
         result.rerun.append((envelope, reply_connection))
         return
     if action != "finished":
-        if expired is None:
-            label = f"@{envelope['target_handle']}"
-            fields = outcomes.ambiguous(envelope_id, label, AMBIGUOUS_WHY)
-            record = rp.make_reply(envelope_id, error=fields.error, reason=fields.reason, now=now)
-        else:
-            record = expired
+        record = ambiguous_reply(envelope, AMBIGUOUS_WHY, now=now) if expired is None else expired
         try:
             write_delivered(paths, record, reply_connection)
         except (StoreError, OSError, ValidationError) as exc:
@@ -264,6 +259,21 @@ def _replied(paths: InboxPaths, name: str) -> bool:
         return lexists_below(paths.relay.base, paths.delivered / name)
     except (OSError, ValidationError):  # HostileFileError included: nothing there proves it replied
         return False
+
+
+def ambiguous_reply(envelope: dict[str, Any], why: str, *, now: float) -> dict[str, Any]:
+    """Pure: the ``delivered/`` record answering a relayed-in envelope whose turn may have run: ``ambiguous``.
+
+    Args:
+        envelope: the envelope (its ``id`` and ``target_handle`` name the DM).
+        why: what happened to its turn (:data:`AMBIGUOUS_WHY`).
+        now: the reply's time.
+
+    Returns:
+        The reply record.
+    """
+    fields = outcomes.ambiguous(envelope["id"], f"@{envelope['target_handle']}", why)
+    return rp.make_reply(envelope["id"], error=fields.error, reason=fields.reason, now=now)
 
 
 def _mark_started(paths: InboxPaths, envelope_id: str) -> bool:
