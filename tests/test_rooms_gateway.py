@@ -12,7 +12,7 @@ from typing import Any
 
 import pykka
 import pytest
-from roots import LogCapture, RecordingRunner, make_root, start_gateway
+from roots import CRASHING_REPLY, LogCapture, RecordingRunner, crash_on_reply, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
@@ -695,6 +695,26 @@ def test_a_member_turn_running_past_the_stop_grace_is_interrupted_and_not_run_ag
     assert [(e["author"], e["status"], e["round"]) for e in entries] == [
         ("user", "said", 0), ("bob", "interrupted", 1)]
     assert room_turns(second) == []
+
+
+def test_a_member_turn_its_profile_actor_crashed_settling_is_interrupted_with_that_why_not_a_stop(
+    room_root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression (review): every ambiguous member turn was posted "(interrupted: the gateway stopped during this turn;
+    # it was not run again)", though here the gateway runs on (bob's ProfileActor crashed settling the reply).
+    crash_on_reply(monkeypatch)
+    runner = RecordingRunner(Script(bob=[CRASHING_REPLY]))
+    gw = start_gateway(gateways, room_root, runner)
+    gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "@bob status?")
+    assert gw.wait_room_idle("plan", timeout=20) == "idle"
+    entries = gw.room_transcript("plan")
+    assert [(e["author"], e["status"], e["text"]) for e in entries] == [
+        ("user", "said", "@bob status?"),
+        ("bob", "interrupted",
+         "(interrupted: The target's ProfileActor crashed during the turn. It may have run; it was not run again.)")]
+    assert [t.profile for t in room_turns(runner)] == ["bob"]  # not run again; the silent round settled the send
+    assert send_and_settle(gw) == "silent"  # the gateway runs on, and bob's restarted ProfileActor with it
 
 
 def test_stop_returns_once_a_running_member_turn_finishes(room_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
