@@ -19,8 +19,9 @@ from hermes_actors import Gateway
 from hermes_actors.facade import shutdown as facade_shutdown
 from hermes_actors.messages import Turn
 from hermes_actors.ops.status import live_status
+from hermes_actors.rooms import store as room_store
 from hermes_actors.rooms.rooms import RoomsTakeover
-from hermes_actors.rooms.store import RoomFiles
+from hermes_actors.rooms.store import STARTED_DIR, RoomFiles
 
 ENTRY_KEYS = {"message_id", "author", "text", "at", "round", "status"}
 
@@ -404,6 +405,45 @@ def test_a_member_turn_queued_when_the_room_is_disbanded_never_runs(room_root: P
     outcome = gw.wait_outcome(turn_id, timeout=10)
     assert outcome["status"] == "failed" and "disbanded" in outcome["error"], outcome
     assert room_turns(runner) == []
+
+
+@pytest.mark.parametrize("disband_at", ["before the mark is written", "after the mark is written"])
+def test_a_disband_landing_while_a_member_turn_marks_its_start_keeps_it_from_running(
+    room_root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch, disband_at: str
+) -> None:
+    # Regression (review): the turn looked at the room's file, then wrote its start mark; a disband in between
+    # deleted the file (and the mark not yet written), then the turn wrote its mark and ran after disband_room had
+    # returned, its mark left in rooms/.started. The disband is made to land right at the mark's write.
+    real_write = room_store.atomic_write_bytes
+    in_window, disbanded = threading.Event(), threading.Event()
+
+    def write_with_disband(path: Path, *args: Any, **kwargs: Any) -> None:
+        if path.parent.name != STARTED_DIR:
+            real_write(path, *args, **kwargs)
+            return
+        if disband_at == "after the mark is written":
+            real_write(path, *args, **kwargs)
+        in_window.set()
+        assert disbanded.wait(20), "the disband never returned"
+        if disband_at == "before the mark is written":
+            real_write(path, *args, **kwargs)
+
+    monkeypatch.setattr(room_store, "atomic_write_bytes", write_with_disband)
+    runner = RecordingRunner(Script(bob=["bob speaks"]))
+    gw = start_gateway(gateways, room_root, runner)
+    room = gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "@bob status?")
+    assert in_window.wait(20), "bob's turn never marked its start"
+    path = room_root / "bot_relay" / "rooms" / f"{room['room_id']}.json"
+    turn_id = json.loads(path.read_text())["running"]["turn_id"]
+    try:
+        assert gw.disband_room("plan")["state"] == "disbanded"
+    finally:
+        disbanded.set()
+    outcome = gw.wait_outcome(turn_id, timeout=20)
+    assert outcome["status"] == "failed" and "disbanded" in outcome["error"], outcome
+    assert room_turns(runner) == []
+    assert list((room_root / "bot_relay" / "rooms" / STARTED_DIR).iterdir()) == [], "a start mark was left behind"
 
 
 # ── events ──────────────────────────────────────────────────────────────────
