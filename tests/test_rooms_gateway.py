@@ -12,15 +12,16 @@ from typing import Any
 
 import pykka
 import pytest
-from roots import LogCapture, RecordingRunner, make_root, start_gateway
+from roots import CRASHING_REPLY, LogCapture, RecordingRunner, crash_on_reply, make_root, start_gateway
 
 from actors.testkit import await_condition
 from hermes_actors import Gateway
 from hermes_actors.facade import shutdown as facade_shutdown
 from hermes_actors.messages import Turn
 from hermes_actors.ops.status import live_status
+from hermes_actors.rooms import store as room_store
 from hermes_actors.rooms.rooms import RoomsTakeover
-from hermes_actors.rooms.store import RoomFiles
+from hermes_actors.rooms.store import STARTED_DIR, RoomFiles
 
 ENTRY_KEYS = {"message_id", "author", "text", "at", "round", "status"}
 
@@ -406,6 +407,45 @@ def test_a_member_turn_queued_when_the_room_is_disbanded_never_runs(room_root: P
     assert room_turns(runner) == []
 
 
+@pytest.mark.parametrize("disband_at", ["before the mark is written", "after the mark is written"])
+def test_a_disband_landing_while_a_member_turn_marks_its_start_keeps_it_from_running(
+    room_root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch, disband_at: str
+) -> None:
+    # Regression (review): the turn looked at the room's file, then wrote its start mark; a disband in between
+    # deleted the file (and the mark not yet written), then the turn wrote its mark and ran after disband_room had
+    # returned, its mark left in rooms/.started. The disband is made to land right at the mark's write.
+    real_write = room_store.atomic_write_bytes
+    in_window, disbanded = threading.Event(), threading.Event()
+
+    def write_with_disband(path: Path, *args: Any, **kwargs: Any) -> None:
+        if path.parent.name != STARTED_DIR:
+            real_write(path, *args, **kwargs)
+            return
+        if disband_at == "after the mark is written":
+            real_write(path, *args, **kwargs)
+        in_window.set()
+        assert disbanded.wait(20), "the disband never returned"
+        if disband_at == "before the mark is written":
+            real_write(path, *args, **kwargs)
+
+    monkeypatch.setattr(room_store, "atomic_write_bytes", write_with_disband)
+    runner = RecordingRunner(Script(bob=["bob speaks"]))
+    gw = start_gateway(gateways, room_root, runner)
+    room = gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "@bob status?")
+    assert in_window.wait(20), "bob's turn never marked its start"
+    path = room_root / "bot_relay" / "rooms" / f"{room['room_id']}.json"
+    turn_id = json.loads(path.read_text())["running"]["turn_id"]
+    try:
+        assert gw.disband_room("plan")["state"] == "disbanded"
+    finally:
+        disbanded.set()
+    outcome = gw.wait_outcome(turn_id, timeout=20)
+    assert outcome["status"] == "failed" and "disbanded" in outcome["error"], outcome
+    assert room_turns(runner) == []
+    assert list((room_root / "bot_relay" / "rooms" / STARTED_DIR).iterdir()) == [], "a start mark was left behind"
+
+
 # ── events ──────────────────────────────────────────────────────────────────
 
 
@@ -695,6 +735,26 @@ def test_a_member_turn_running_past_the_stop_grace_is_interrupted_and_not_run_ag
     assert [(e["author"], e["status"], e["round"]) for e in entries] == [
         ("user", "said", 0), ("bob", "interrupted", 1)]
     assert room_turns(second) == []
+
+
+def test_a_member_turn_its_profile_actor_crashed_settling_is_interrupted_with_that_why_not_a_stop(
+    room_root: Path, gateways: list[Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Regression (review): every ambiguous member turn was posted "(interrupted: the gateway stopped during this turn;
+    # it was not run again)", though here the gateway runs on (bob's ProfileActor crashed settling the reply).
+    crash_on_reply(monkeypatch)
+    runner = RecordingRunner(Script(bob=[CRASHING_REPLY]))
+    gw = start_gateway(gateways, room_root, runner)
+    gw.create_room("plan", ["alice", "bob"])
+    gw.room_send("plan", "user", "@bob status?")
+    assert gw.wait_room_idle("plan", timeout=20) == "idle"
+    entries = gw.room_transcript("plan")
+    assert [(e["author"], e["status"], e["text"]) for e in entries] == [
+        ("user", "said", "@bob status?"),
+        ("bob", "interrupted",
+         "(interrupted: The target's ProfileActor crashed during the turn. It may have run; it was not run again.)")]
+    assert [t.profile for t in room_turns(runner)] == ["bob"]  # not run again; the silent round settled the send
+    assert send_and_settle(gw) == "silent"  # the gateway runs on, and bob's restarted ProfileActor with it
 
 
 def test_stop_returns_once_a_running_member_turn_finishes(room_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from hermes_actors.core import outcomes
 from hermes_actors.core.targets import Refusal
 from hermes_actors.errors import HostileFileError, StoreError
 from hermes_actors.local.turns import never_ran
@@ -18,6 +19,7 @@ from hermes_actors.rooms.rules import (
     failed_turn_text,
     find_mentions,
     find_room,
+    interrupted_turn_text,
     name_problem,
     name_taken,
     not_disbanded,
@@ -311,6 +313,25 @@ def test_a_failed_member_turns_text_does_not_talk_about_a_dm() -> None:
     assert failed_turn_text("unknown", "The gateway failed while delivering this DM (boom).") == (
         "(turn failed [unknown]: The gateway failed while delivering the turn (boom).)")
     assert failed_turn_text("timeout", "no reply in 600s") == "(turn failed [timeout]: no reply in 600s)"
+
+
+@pytest.mark.parametrize(
+    ("error", "text"),
+    [
+        # Regression (review): a ProfileActor crash settling the turn was posted as "(interrupted: the gateway
+        # stopped during this turn; …)" while the gateway kept running
+        (outcomes.ambiguous("a" * 32, "@bob", "The target's ProfileActor crashed during the turn.").error,
+         "(interrupted: The target's ProfileActor crashed during the turn. It may have run; it was not run again.)"),
+        (outcomes.ambiguous("a" * 32, "@bob", "The turn was still running when the gateway stopped.").error,
+         "(interrupted: The turn was still running when the gateway stopped. It may have run; it was not run again.)"),
+        # a DM's words are said of the turn, and a why with no full stop gets one
+        ("The gateway failed while delivering this DM (boom)",
+         "(interrupted: The gateway failed while delivering the turn (boom). It may have run; it was not run again.)"),
+        ("", "(interrupted: Its result is unknown. It may have run; it was not run again.)"),
+    ],
+)
+def test_an_interrupted_member_turns_text_says_why_and_gives_no_dm_advice(error: str, text: str) -> None:
+    assert interrupted_turn_text(error) == text
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,7 @@ from hermes_actors.rooms.rules import (
     after_turn,
     failed_turn_text,
     find_mentions,
+    interrupted_turn_text,
     not_disbanded,
     open_round,
     room_session,
@@ -69,7 +70,10 @@ from hermes_actors.rooms.turn_author import room_author
 
 __all__ = ["INTERRUPTED_TEXT", "RoomActor", "round_of"]
 
-INTERRUPTED_TEXT = "(interrupted: the gateway stopped during this turn; it was not run again)"
+# What a start posts for a turn its file holds as "running" with a start mark: the gateway that handed it out stopped
+# (or was killed) during it, or after it but before its result was written. A turn settled ambiguous while the
+# gateway runs (its member's ProfileActor crashed settling it, a stop's grace ran out) gets its outcome's why.
+INTERRUPTED_TEXT = interrupted_turn_text("The gateway stopped before this turn's result was recorded.")
 
 
 def round_of(active: dict[str, Any] | None) -> Round | None:
@@ -318,8 +322,8 @@ class RoomActor(TypedActor):
             self._post(handle, text, number, "said")
             mentioned, user = find_mentions(text, record.members, self._resolve)
             spoken = Spoken(True, mentioned, user)
-        elif outcome.status == "ambiguous":
-            self._post(handle, INTERRUPTED_TEXT, number, "interrupted")
+        elif outcome.status == "ambiguous":  # why it is unknown is the outcome's: a crash here, or a stop
+            self._post(handle, interrupted_turn_text(outcome.error), number, "interrupted")
         elif outcome.status == "failed":
             logger.warning("room {}: the turn of {} failed [{}]: {}", record.name, handle, outcome.reason,
                            outcome.error)

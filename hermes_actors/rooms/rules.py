@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hermes_actors.core.clipping import shown
+from hermes_actors.core.outcomes import AMBIGUOUS_TAIL, as_sentence
 from hermes_actors.core.targets import MESSAGE_MAX_CHARS, Refusal, refuse, text_problem
 from hermes_actors.errors import HostileFileError
 
@@ -37,6 +38,7 @@ __all__ = [
     "failed_turn_text",
     "find_mentions",
     "find_room",
+    "interrupted_turn_text",
     "name_problem",
     "name_taken",
     "no_room",
@@ -394,6 +396,24 @@ def failed_turn_text(reason: str, error: str) -> str:
     """
     text = _DM_NOT_DELIVERED.sub("the member's turn did not run (it counts as a pass).", error)
     return f"(turn failed [{reason}]: {_DM.sub('the turn', text)})"
+
+
+def interrupted_turn_text(error: str) -> str:
+    """Pure: the transcript text of a member turn that may have run and whose result is unknown (status
+    ``interrupted``), said of the member's turn: it is never run again, and counts as a pass.
+
+    The why is the turn's own (the gateway stopped during it, the member's ProfileActor crashed settling it, …);
+    a DM's advice to its sender (:data:`~hermes_actors.core.outcomes.AMBIGUOUS_TAIL`) is left out: the room
+    resends nothing.
+
+    Args:
+        error: why its result is unknown: an ``ambiguous`` outcome's error text, or the room's own words.
+
+    Returns:
+        ``(interrupted: <why> It may have run; it was not run again.)``.
+    """
+    why = as_sentence(_DM.sub("the turn", error.removesuffix(AMBIGUOUS_TAIL)).strip())
+    return f"(interrupted: {why or 'Its result is unknown.'} It may have run; it was not run again.)"
 
 
 _CONTINUATION = "  "  # before every further line of a message: only an entry's first line starts a line

@@ -181,7 +181,8 @@ class RoomFiles:
         """Disband a room on disk: delete its file, then the start mark of its ``running`` turn.
 
         The file goes first: a member turn of the room still queued then never starts
-        (:class:`RoomStartMarks` refuses it), and one running finishes unrecorded.
+        (:class:`RoomStartMarks` refuses it: it looks at the file after writing its mark, so
+        either it finds the file gone or the mark is removed here), and one running finishes unrecorded.
 
         Args:
             record: the room, as its driver holds it.
@@ -334,7 +335,9 @@ class RoomStartMarks:
     After a kill -9 the room's ``running`` turn with a mark may have run (it is shown
     interrupted, never run twice); one without a mark never began (it was queued
     behind the member's DMs) and runs at the next start. A turn of a room that was
-    disbanded while it waited is refused here, so it never runs.
+    disbanded while it waited is refused here, so it never runs: the room's file is looked
+    at after the mark is written, the reverse of a disband's order (:meth:`RoomFiles.drop`),
+    so no disband lands between the look and the mark.
 
     Args:
         root: the Hermes root.
@@ -363,13 +366,17 @@ class RoomStartMarks:
         turn_id = str(record.get("id"))
         files = self.files
         try:
-            # disbanded while the turn was queued; looked up through the checked rooms/ (a swapped one is refused)
-            if not lexists_below(files.relay.base, files.path(self.room_id)):
-                raise StoreError(f"room {self.room_id} was disbanded: its member turn {turn_id} does not run")
             mark = files.start_mark(turn_id)
             files.ensure_started()
             atomic_write_bytes(mark, orjson.dumps({"turn_id": turn_id, "room_id": self.room_id}),
                                tmp_dir=files.relay.tmp, fsync=files.fsync, within=files.relay.base)
+            # Only now, the mark there: a disband deletes the room's file, then its running turn's mark
+            # (RoomFiles.drop). Either the file is still here and the disband comes after this look (it removes the
+            # mark; the turn runs as one already running), or it is gone and the mark is withdrawn here.
+            # looked up through the checked rooms/ (a swapped one is refused, never followed)
+            if not lexists_below(files.relay.base, files.path(self.room_id)):  # disbanded while the turn was queued
+                files.forget_start(turn_id)
+                raise StoreError(f"room {self.room_id} was disbanded: its member turn {turn_id} does not run")
         except StoreError:
             raise
         except ValidationError as exc:  # a bad id, or a hostile directory (HostileFileError)
