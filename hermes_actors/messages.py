@@ -21,6 +21,7 @@ import pykka
 from actors import fast_init
 from hermes_actors.records import BOT_CHAT_SESSION, Delivery, Outcome, RemoteAgent, RosterSnapshot
 from hermes_actors.records import PEER_ORIGIN as PEER_ORIGIN
+from hermes_actors.records import REDIS_ORIGIN as REDIS_ORIGIN
 from hermes_actors.records import RELAY_ORIGIN as RELAY_ORIGIN
 from hermes_actors.records import ROOM_ORIGIN as ROOM_ORIGIN
 from hermes_actors.records import Origin as Origin  # re-exported: the records travel inside these messages
@@ -228,10 +229,15 @@ class RosterChanged:
 
 @dataclass(frozen=True, slots=True)
 class AttachRelay:
-    """Told to the Dispatcher once the relay runs; ``reaches_peers``: it carries ``bot_peers`` DMs (Redis)."""
+    """Told to the Dispatcher once the relay runs; ``reaches_peers``: it carries ``bot_peers`` DMs (Redis).
+
+    ``journals_sends``: nothing on this root keeps the relay's envelopes (Redis): in durable mode the Dispatcher
+    journals each one's ``accepted`` record (origin ``redis``) before its ack.
+    """
 
     ref: pykka.ActorRef[Any]
     reaches_peers: bool = False
+    journals_sends: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,9 +292,14 @@ class ResumedSend:
 
 @dataclass(frozen=True, slots=True)
 class RelayResumed:
-    """Told by the RelayActor to the Dispatcher at start: envelopes of ours still awaiting replies."""
+    """Told by the RelayActor to the Dispatcher at start: envelopes of ours still awaiting replies.
+
+    ``complete``: the relay read all it holds (False: the Gateway's start found the transport unreachable; the
+    relay tells the full list once it resumes). Only a complete list settles a journaled Redis DM it lacks.
+    """
 
     entries: tuple[ResumedSend, ...]
+    complete: bool = True
 
 
 @dataclass(frozen=True, slots=True)

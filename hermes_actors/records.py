@@ -18,6 +18,7 @@ from actors import fast_init
 __all__ = [
     "BOT_CHAT_SESSION",
     "PEER_ORIGIN",
+    "REDIS_ORIGIN",
     "RELAY_ORIGIN",
     "ROOM_ORIGIN",
     "Delivery",
@@ -37,14 +38,18 @@ BOT_CHAT_SESSION = "Bot Chat"
 OutcomeStatus = Literal["replied", "failed", "silent", "ambiguous"]
 
 #: Where a delivery came from: sent here, drained from the relay, re-offered after a
-#: restart, a sender wake-up turn, or a group room member's turn.
-Origin = Literal["local", "relay", "recovered", "wake", "room", "peer"]
+#: restart, a sender wake-up turn, a group room member's turn, a DM handed to the ``bot_peers`` transport, or a DM
+#: sent over Redis.
+Origin = Literal["local", "relay", "recovered", "wake", "room", "peer", "redis"]
 
 ROOM_ORIGIN: Origin = "room"  # Delivery.origin of a room member's turn
 RELAY_ORIGIN: Origin = "relay"  # Delivery.origin of a DM relayed in (drained from the relay: file, Desktop, Redis)
 # Delivery.origin of a DM this gateway hands to its ``bot_peers`` transport (journaled so: the next start settles one
 # without an outcome ``ambiguous``, never runs it here; it has no local target)
 PEER_ORIGIN: Origin = "peer"
+# Delivery.origin of a DM this gateway sent over Redis, journaled so (durable mode) before its ack: the next start
+# waits for it again while Redis's sent hash holds it, else settles it ``ambiguous`` (never sent again, never run here)
+REDIS_ORIGIN: Origin = "redis"
 
 
 def outcome_status(value: object) -> OutcomeStatus:

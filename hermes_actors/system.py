@@ -260,7 +260,8 @@ class ActorSystem:
             # a reply is kept in its start mark until it is in Redis, flushed as the mark is (start_recorder)
             self.relay = RedisRelayActor.start(redis_settings, guard=guard, root=opts.root,
                                                fsync=opts.durable and opts.fsync, start_probe=probe, **relay_args)
-            self.dispatcher.tell(AttachRelay(self.relay, reaches_peers=True))  # bot_peers on this Redis too
+            # bot_peers on this Redis too; nothing on the root keeps its envelopes: their acks are journaled
+            self.dispatcher.tell(AttachRelay(self.relay, reaches_peers=True, journals_sends=True))
         else:
             if self.journal is not None:  # the journals of gateways that stop or die beside us (at each rescan)
                 self.journals = JournalTakeover(self.journal, self.dispatcher,
@@ -290,7 +291,8 @@ class ActorSystem:
             # The relay read the remote roster before it answered; these two asks flush it through the
             # RosterActor into the Dispatcher, so a DM right after start() finds the other machines' agents.
             ask(self.roster, GetSnapshot(), timeout=_RESUME_TIMEOUT, expect=RosterSnapshot)
-            ask(self.dispatcher, RelayResumed(tuple(entries or ())), timeout=_RESUME_TIMEOUT)
+            ask(self.dispatcher, RelayResumed(tuple(entries or ()), complete=entries is not None),
+                timeout=_RESUME_TIMEOUT)
             if entries is None:
                 logger.warning("relay transport unreachable at start: the envelopes in flight before the restart "
                                "become answerable once it is reachable again")

@@ -138,6 +138,39 @@ def test_a_peer_dm_without_an_outcome_is_ambiguous_never_reoffered(
     assert asked == []
 
 
+@pytest.mark.parametrize(
+    ("relay_resumed", "state", "expected"),
+    [
+        (True, {}, "ambiguous"),  # the relay read Redis and did not resume it: Redis lost it
+        (True, {"started": 1, "live": True}, "ambiguous"),  # a planted mark never makes the mailbox judge it
+        (False, {}, "relayed"),  # Redis unreachable at the start: decided once the relay reads it
+    ],
+)
+@pytest.mark.parametrize("idempotent_runner", [False, True])
+def test_a_redis_dm_without_an_outcome_is_ambiguous_once_the_relay_lacks_it_never_reoffered(
+    relay_resumed: bool, state: dict[str, Any], expected: str, idempotent_runner: bool
+) -> None:
+    """Regression (roomsrev ``wipe.py``): a DM sent over Redis is journaled (origin ``redis``) before its ack; one
+    the relay did not resume (Redis lost it) is settled ``ambiguous`` (reason ``delivery_timeout``: its target may
+    have run it), never re-offered (it would run here, on no profile) nor sent again."""
+    delivery = replace(_delivery(), origin="redis", label="@bob on mini")
+    key = delivery.delivery_id
+    asked: list[str] = []
+    plan = plan_recovery({key: DeliveryState(**{"delivery": delivery_record(delivery), **state})},
+                         idempotent_runner=idempotent_runner, live_record=lambda d: asked.append(key) or None,
+                         relay_resumed=relay_resumed)
+    if expected == "relayed":
+        assert (_judged(plan), plan.relayed) == ({"ambiguous": [], "reoffer": [], "replied": [], "failed": []},
+                                                 [delivery])
+    else:
+        assert (_judged(plan), plan.relayed) == ({"ambiguous": ["ambiguous"], "reoffer": [], "replied": [],
+                                                  "failed": []}, [])
+        ((_, outcome),) = plan.ambiguous
+        assert (outcome.reason, outcome.retryable) == ("delivery_timeout", False)
+        assert outcome.error.startswith("The gateway restarted and Redis no longer holds this DM's envelope")
+    assert asked == []
+
+
 @pytest.mark.parametrize(("runs_apart", "why"), [
     (None, "The gateway stopped or crashed during the turn."),  # a runner without the hook
     (False, "The gateway stopped or crashed during the turn."),  # the host was the hermes gateway itself

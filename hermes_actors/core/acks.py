@@ -16,7 +16,7 @@ from hermes_actors.core.targets import dm_body, message_length_problem, text_pro
 from hermes_actors.core.wake import WAKE_ORIGIN, wake_text_problem
 from hermes_actors.errors import ValidationError
 from hermes_actors.messages import Delivery, Outcome, PendingAck
-from hermes_actors.records import BOT_CHAT_SESSION, PEER_ORIGIN, RELAY_ORIGIN, Origin, outcome_status
+from hermes_actors.records import BOT_CHAT_SESSION, PEER_ORIGIN, REDIS_ORIGIN, RELAY_ORIGIN, Origin, outcome_status
 from hermes_actors.store.relay_protocol import envelope_message_problem
 
 __all__ = [
@@ -184,7 +184,8 @@ def delivery_problem(record: Any, delivery_id: str | None = None) -> str | None:
     The journal is a file on disk: a corrupt or planted line must not run a turn with a delivery id of
     ``../../x`` or a target of ``../etc``. Each field is held to what the live path gives it: the id to
     :func:`hermes_actors.core.ids.is_delivery_id` (and to the record's own ``id``), profile names to the
-    handle grammar (the target may be blank for a ``bot_peers`` DM, origin ``peer``: recovery never runs one
+    handle grammar (the target may be blank for a ``bot_peers`` DM, origin ``peer``, or one sent over Redis, origin
+    ``redis``: recovery never runs one
     here, :func:`~hermes_actors.core.recovery.plan_recovery`), the texts to valid UTF-8, ``content`` to the length
     its origin's live path allows (a DM's message to 16,000 characters: :func:`_content_length_problem`), ``hop`` a
     non-negative int, ``accepted_at`` a finite number, ``origin`` one of :data:`hermes_actors.records.Origin`,
@@ -208,7 +209,8 @@ def delivery_problem(record: Any, delivery_id: str | None = None) -> str | None:
         return f"delivery_id {key!r} is not 32 lowercase hex characters"
     if delivery_id is not None and key != delivery_id:
         return f"delivery_id {key!r} differs from the record's id {delivery_id!r}"
-    peer = record.get("origin") == PEER_ORIGIN  # a bot_peers DM has no local target: never run here
+    # a bot_peers DM, a DM sent over Redis: no local target, never run here
+    peer = record.get("origin") in (PEER_ORIGIN, REDIS_ORIGIN)
     checks = (
         _name_problem("target", record.get("target"), blank_ok=peer),
         _name_problem("target_handle", record.get("target_handle"), blank_ok=peer),

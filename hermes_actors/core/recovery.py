@@ -9,8 +9,9 @@ from typing import Any, Literal
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import delivery_from_record, outcome_from_record
 from hermes_actors.core.ids import is_delivery_id
+from hermes_actors.core.reasons import DELIVERY_TIMEOUT
 from hermes_actors.core.wake import WAKE_ORIGIN, is_wake
-from hermes_actors.messages import PEER_ORIGIN, RELAY_ORIGIN, Delivery, Outcome
+from hermes_actors.messages import PEER_ORIGIN, REDIS_ORIGIN, RELAY_ORIGIN, Delivery, Outcome
 from hermes_actors.store.journal_records import delivery_origin
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "owner_outcome",
     "plan_recovery",
     "readable_states",
+    "redis_lost",
     "relayed_in_states",
     "running_at_stop_text",
     "stopped_mid_turn_text",
@@ -34,7 +36,10 @@ class RecoveryPlan:
     - ``known``: settled and delivered before; only remembered for ``wait_outcome``.
     - ``redeliver``: finished but the sender may not have seen it; publish it again.
     - ``ambiguous``: started, never finished: may have run; report "do not resend". So is a ``bot_peers`` DM
-      without an outcome (origin ``peer``): handed to the peer transport as it was acked, it may have been sent.
+      without an outcome (origin ``peer``): handed to the peer transport as it was acked, it may have been sent;
+      and a DM sent over Redis without an outcome (origin ``redis``) that Redis no longer holds (:func:`redis_lost`).
+    - ``relayed``: a DM sent over Redis without an outcome, at a start whose relay could not read Redis yet: booked
+      pending until it does (resumed as any envelope of ours if Redis holds it, else :func:`redis_lost`).
     - ``reoffer``: accepted, never started (or a wake that provably never reached its bot): run it now,
       same delivery id.
     """
@@ -43,6 +48,7 @@ class RecoveryPlan:
     redeliver: list[Outcome] = field(default_factory=list)
     ambiguous: list[tuple[Delivery, Outcome]] = field(default_factory=list)
     reoffer: list[Delivery] = field(default_factory=list)
+    relayed: list[Delivery] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         return {
@@ -140,6 +146,12 @@ _RUNNING_AT_STOP = "The turn was still running when the gateway stopped."
 # A bot_peers DM the previous run acked (journaled) and never settled: its peer transport had it (a clean stop
 # settles one still under way ``ambiguous`` too, ``_RUNNING_AT_STOP``); it is never sent a second time
 _PEER_LOST = "The gateway stopped or crashed while the peer transport was delivering it."
+# A DM sent over Redis the previous run acked (journaled once Redis queued it) and never settled, whose envelope and
+# sent record Redis no longer holds (it lost data: appendfsync everysec, a crash): its target may have run it before
+# Redis lost it, so it is never sent again
+_REDIS_LOST = ("The gateway restarted and Redis no longer holds this DM's envelope or its record (Redis lost data, "
+               "e.g. its last second with appendfsync everysec): its target may have received and answered it before, "
+               "but that reply cannot reach this gateway.")
 # A turn process of ours (the hermes CLI, a command) the stop ends: the words of a timed-out one it ended
 _ENDED_AT_STOP = ("The turn was still running when the gateway stopped and was stopped with it; it may have been "
                   "partly done.")
@@ -181,6 +193,15 @@ def running_at_stop_text(place: TurnPlace) -> str:
     return _ENDED_AT_STOP if place == "process" else _RUNNING_AT_STOP
 
 
+def redis_lost(delivery_id: str, label: str) -> Outcome:
+    """Pure: the outcome of a DM sent over Redis that a restart finds neither settled nor in Redis any more.
+
+    ``ambiguous`` (reason ``delivery_timeout``: no reply can come), never ``failed``: its envelope may have reached
+    the target's stream, and its turn run, before Redis lost it, so a resend could run it twice.
+    """
+    return outcomes.ambiguous(delivery_id, label, _REDIS_LOST, DELIVERY_TIMEOUT)
+
+
 def owner_outcome(delivery: Delivery, record: dict[str, Any] | None) -> Outcome:
     """Pure: the outcome of a DM the previous run handed to a live owner and never finished.
 
@@ -216,6 +237,7 @@ def plan_recovery(
     live_record: Callable[[Delivery], dict[str, Any] | None] | None = None,
     never_reached: Callable[[Delivery], bool] | None = None,
     runs_apart: Callable[[Delivery], bool] | None = None,
+    relay_resumed: bool = True,
 ) -> RecoveryPlan:
     """Decide each journaled delivery's fate (``states``: id → ``DeliveryState``).
 
@@ -233,7 +255,11 @@ def plan_recovery(
     ambiguous, and it is never re-offered (not even for an idempotent runner: the owner is
     not the runner). A ``bot_peers`` DM (origin ``peer``) without an outcome is ambiguous, never
     re-offered: its transport had it from its ack on (no record says whether it sent it), and the
-    transport is not idempotent by delivery id (``hermes peer dm`` has no id to dedupe by). The mailbox
+    transport is not idempotent by delivery id (``hermes peer dm`` has no id to dedupe by). A DM sent
+    over Redis (origin ``redis``) without an outcome is in ``states`` only when the relay did not resume
+    it (the caller leaves out those it did): with ``relay_resumed`` (the relay read Redis's ``sent`` hash)
+    Redis lost it: ambiguous (:func:`redis_lost`), never sent again; else ``relayed``, decided once the
+    relay reads Redis. The mailbox
     is asked about no other DM: a planted record cannot make
     a runner's turn run twice.
     """
@@ -250,6 +276,10 @@ def plan_recovery(
         delivery = delivery_from_record(state.delivery, key)
         if delivery.origin == PEER_ORIGIN:
             plan.ambiguous.append((delivery, outcomes.ambiguous(key, delivery.label, _PEER_LOST)))
+        elif delivery.origin == REDIS_ORIGIN and not relay_resumed:
+            plan.relayed.append(delivery)
+        elif delivery.origin == REDIS_ORIGIN:
+            plan.ambiguous.append((delivery, redis_lost(key, delivery.label)))
         elif state.started and state.live:
             outcome = owner_outcome(delivery, live_record(delivery) if live_record is not None else None)
             if outcome.status == "ambiguous":

@@ -196,7 +196,7 @@ class DispatcherActor(SupervisorActor):
 
     @handles(AttachRelay)
     def _on_attach_relay(self, msg: AttachRelay) -> None:
-        self.relay.attach(msg.ref, reaches_peers=msg.reaches_peers)
+        self.relay.attach(msg.ref, reaches_peers=msg.reaches_peers, journals_sends=msg.journals_sends)
 
     @handles(AttachOwner)
     def _on_attach_owner(self, msg: AttachOwner) -> None:
@@ -410,7 +410,8 @@ class DispatcherActor(SupervisorActor):
                               flow=self.flow, requeue=lambda info, dm: self.deliver_local(info, dm, journaled=True),
                               never_reached=self._never_reached, runs_apart=self._runs_apart,
                               adopted_from=msg.adopted_from, relayed=msg.relayed,
-                              relay_reported=msg.relay_reported)
+                              relay_reported=msg.relay_reported, relay_resumed=self.remote.relay_resumed,
+                              await_resume=self.remote.await_resume)
 
     def _never_reached(self, delivery: Delivery) -> bool:
         """At a start: whether a wake the previous run started provably never reached its bot (the runner says)."""

@@ -94,9 +94,9 @@ class NoDurability:
 
     def accept(
         self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None],
-        refused: Callable[[], None] | None = None,
+        refused: Callable[[], None] | None = None, *, queued: bool = False,
     ) -> dict[str, Any]:
-        """Accept ``delivery`` now: ``proceed()`` queues it; answers ``ack`` (``refused`` is never called)."""
+        """Accept ``delivery`` now: ``proceed()`` queues it; answers ``ack`` (``refused`` and ``queued`` unused)."""
         proceed()
         return ack
 
@@ -196,6 +196,8 @@ class JournalDurability:
         # journal_wake to the ``delivered`` call that follows it on the same message (it writes none of its own)
         self._with_wake: dict[str, WakeBatch] = {}
         self._final = False  # a stop took the held records (take_held): a wake batch that fails now is given up
+        # ids of parked acceptances whose DM is queued already (a Redis envelope): acked even if their record fails
+        self._queued: set[str] = set()
         # Commits the Dispatcher could no longer be told of (it failed): settle_parked reads them.
         self._orphaned: list[tuple[tuple[Any, ...], BaseException | None]] = []
         self._orphaned_lock = threading.Lock()
@@ -219,8 +221,8 @@ class JournalDurability:
 
     def accept(
         self, delivery: Delivery, ack: dict[str, Any], proceed: Callable[[], None],
-        refused: Callable[[], None] | None = None,
-    ) -> PendingAck:
+        refused: Callable[[], None] | None = None, *, queued: bool = False,
+    ) -> PendingAck | dict[str, Any]:
         """Journal the acceptance; ``proceed()`` and the ack follow once its group commit is on disk.
 
         Args:
@@ -228,21 +230,30 @@ class JournalDurability:
             ack: the sender's ack, released once the acceptance is durable.
             proceed: queues the delivery (called once it is durable).
             refused: called when the journal refused the record instead (nothing acked, nothing queued).
+            queued: the DM is queued already, where this root cannot take it back (a Redis envelope): a record
+                the journal refuses is logged and the DM acked all the same (it then relies on Redis's own
+                persistence), never refused "NOT queued".
 
         Returns:
             A :class:`PendingAck` (already answered with a refusal when the journal refused
-            the record).
+            the record), or ``ack`` itself for a ``queued`` DM whose record the journal refused.
         """
         key = delivery.delivery_id
         future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
         try:
             self.journal.append(accepted_record(delivery), token=("accepted", key))
         except StoreError as exc:
+            if queued:
+                _unjournaled_send(key, exc)
+                proceed()
+                return ack
             if refused is not None:
                 refused()
             future.set(journal_refusal(exc))
             return PendingAck(future)
         self._parked[key] = (proceed, future, ack, refused)
+        if queued:
+            self._queued.add(key)
         return PendingAck(future)
 
     def accepted_landed(self, delivery_id: str, error: BaseException | None) -> None:
@@ -273,6 +284,14 @@ class JournalDurability:
         if parked is None:
             return
         proceed, future, ack, refused = parked
+        if delivery_id in self._queued:  # queued already (Redis): acked whether or not its record landed
+            self._queued.discard(delivery_id)
+            if error is not None:
+                _unjournaled_send(delivery_id, error)
+            if queue:
+                proceed()
+            future.set(ack)
+            return
         if error is not None:
             if refused is not None:
                 refused()
@@ -306,9 +325,10 @@ class JournalDurability:
                 if kind == "accepted":
                     self._release(value, error, queue=False)
         unconfirmed = StoreError(0, "the journal did not confirm it before the gateway's dispatcher failed")
-        for _proceed, future, _ack, _refused in self._parked.values():
-            future.set(journal_refusal(unconfirmed))
+        for key, (_proceed, future, ack, _refused) in self._parked.items():
+            future.set(ack if key in self._queued else journal_refusal(unconfirmed))  # a Redis DM is in Redis
         self._parked.clear()
+        self._queued.clear()
         return count
 
     def journal_outcome(self, outcome: Outcome, kind: str = "finished") -> bool:
@@ -598,6 +618,13 @@ class JournalDurability:
 
 
 Durability = NoDurability | JournalDurability
+
+
+def _unjournaled_send(delivery_id: str, error: BaseException) -> None:
+    """Log a Redis DM acked without its ``accepted`` record (the journal refused or failed it)."""
+    logger.error("the Redis DM {} is queued in Redis but its record could not be journaled ({}): it is acked, and "
+                 "a restart of this gateway after Redis lost it (appendfsync everysec, a crash) leaves it without an "
+                 "outcome; free disk space or fix bot_relay/journal/", delivery_id, error)
 
 
 def durability_for(journal: Journal | None, dispatcher: pykka.ActorRef[Any],

@@ -31,7 +31,8 @@ from hermes_actors.core.recovery import (
 from hermes_actors.local.durability import live_gave_up, live_record
 from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
 from hermes_actors.local.outcome_flow import OutcomeFlow
-from hermes_actors.messages import Delivery, ProfileInfo
+from hermes_actors.messages import REDIS_ORIGIN, Delivery, ProfileInfo
+from hermes_actors.store.journal_records import delivery_origin
 
 __all__ = ["adopt_journal", "replay_journal"]
 
@@ -102,6 +103,8 @@ def replay_journal(
     adopted_from: tuple[str, ...] = (),
     relayed: frozenset[str] = frozenset(),
     relay_reported: frozenset[str] = frozenset(),
+    relay_resumed: bool = True,
+    await_resume: Callable[[Delivery], None] | None = None,
 ) -> dict[str, int]:
     """Act on the journal of a previous run, or of a gateway that stopped or died beside this running one
     (see ``recovery.plan_recovery``).
@@ -131,6 +134,10 @@ def replay_journal(
             journals before it reports, would take it for reported and wake nobody.
         relay_reported: those of ``relayed`` the relay reported and forgot already (their ``consumed/`` mark
             alone): marked delivered here.
+        relay_resumed: the relay told its complete list of the envelopes it waits for again (``RelayResumed``):
+            a DM sent over Redis without an outcome that it did not resume was lost by Redis (``ambiguous``).
+            False: Redis was unreachable; such a DM goes to ``await_resume`` (settled once the relay reads Redis).
+        await_resume: books such a DM pending until the relay's complete list (``RemoteSends.await_resume``).
 
     Returns:
         The counts of what was done (``reoffered``, ``ambiguous``, ``redelivered``, ``known``,
@@ -145,10 +152,10 @@ def replay_journal(
     book, durability = flow.book, flow.durability
     flow.waker.adopt(readable)
     _relayed_in, readable = relayed_in_states(readable)  # settled by adopt_journal, before any transport offered one
-    readable = _not_known_here(readable, flow)
+    readable = _not_known_here(_not_resumed(readable, book), flow)
     plan = plan_recovery(readable, idempotent_runner=idempotent_runner,
                          live_record=lambda delivery: live_record(index, delivery), never_reached=never_reached,
-                         runs_apart=runs_apart)
+                         runs_apart=runs_apart, relay_resumed=relay_resumed)
     book.remember(plan.known)
     left = 0
     for outcome in plan.redeliver:
@@ -172,6 +179,9 @@ def replay_journal(
         flow.settle(outcome)
     for delivery in plan.reoffer:
         _reoffer(delivery, index=index, flow=flow, requeue=requeue)
+    for delivery in plan.relayed:  # Redis unreachable at start: settled once the relay reads it
+        if await_resume is not None:
+            await_resume(delivery)
     counts = plan.counts()
     if unreadable:
         counts["unreadable"] = len(unreadable)
@@ -223,6 +233,23 @@ def _keep_relayed_in(plan: RecoveryPlan, states: dict[str, Any], *, index: dict[
     for delivery in plan.reoffer:
         durability.delivered(delivery.delivery_id)
     return {"ambiguous": len(plan.ambiguous), "known": len(plan.known) + len(plan.redeliver)}
+
+
+def _not_resumed(states: dict[str, Any], book: OutcomeBook) -> dict[str, Any]:
+    """``states`` without the DMs sent over Redis that the relay resumed (pending in ``book``, booked by
+    ``RemoteSends.resumed`` before the journal is replayed): Redis still holds them, and their reply or reply
+    deadline settles them as before the restart (one outcome; not named as already known).
+
+    Args:
+        states: readable journal states.
+        book: the Dispatcher's book.
+
+    Returns:
+        The states still to act on, in journal order.
+    """
+    return {key: state for key, state in states.items()
+            if not (state.outcome is None and delivery_origin(state) == REDIS_ORIGIN
+                    and book.state(key) is DeliveryState.PENDING)}
 
 
 def _not_known_here(states: dict[str, Any], flow: OutcomeFlow) -> dict[str, Any]:

@@ -4,7 +4,8 @@
 never blocks on the relay: a send is asked with :func:`actors.ask_reply_to`,
 the caller gets a :class:`~hermes_actors.messages.PendingAck`, and the relay's
 :class:`~hermes_actors.messages.RelayAccepted` completes it later. What the
-relay can reach is announced once, at attach (``AttachRelay.reaches_peers``).
+relay can reach, and whether its envelopes are kept on this root, is announced once, at attach
+(``AttachRelay.reaches_peers``, ``AttachRelay.journals_sends``).
 """
 
 from __future__ import annotations
@@ -44,12 +45,15 @@ class RelayLink:
         self.dispatcher = dispatcher
         self.ref: pykka.ActorRef[Any] | None = None
         self.reaches_peers = False
+        self.journals_sends = False
         self._waiting: dict[str, tuple[Delivery, RelayRoute | PeerRoute, pykka.ThreadingFuture[Any]]] = {}
 
-    def attach(self, ref: pykka.ActorRef[Any], *, reaches_peers: bool) -> None:
-        """The relay runs: ``ref``; ``reaches_peers``: it carries DMs to ``bot_peers`` peers itself."""
+    def attach(self, ref: pykka.ActorRef[Any], *, reaches_peers: bool, journals_sends: bool = False) -> None:
+        """The relay runs: ``ref``; ``reaches_peers``: it carries DMs to ``bot_peers`` peers itself;
+        ``journals_sends``: nothing on this root keeps its envelopes (Redis), so their acks are journaled."""
         self.ref = ref
         self.reaches_peers = reaches_peers
+        self.journals_sends = journals_sends
 
     def send(self, route: RelayRoute, delivery: Delivery) -> dict[str, Any] | PendingAck:
         """Hand a DM for another connection to the relay; the ack arrives with ``RelayAccepted``.

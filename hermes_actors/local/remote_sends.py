@@ -6,7 +6,10 @@ does not reach goes to the peer transport, off this thread, and its outcome come
 as ``OutcomeReady``. Each one is booked pending under the id its outcome will carry. A peer
 DM is accepted as a local DM is (:meth:`Durability.accept`): in durable mode its ``accepted``
 record (origin ``peer``) is on disk before its ack and before the transport has it, so a crash
-while the transport delivers it leaves a record the next start settles (``ambiguous``).
+while the transport delivers it leaves a record the next start settles (``ambiguous``). So is a DM
+sent over Redis, whose envelope nothing on this root keeps (origin ``redis``, once Redis queued it,
+before its ack): the next start waits for it again while Redis's ``sent`` hash holds it, and settles
+it ``ambiguous`` once the relay's resumed list (``RelayResumed``, complete) lacks it.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from loguru import logger
 from actors import tell
 from hermes_actors.core import outcomes
 from hermes_actors.core.acks import ack_payload
+from hermes_actors.core.recovery import redis_lost
 from hermes_actors.core.targets import PeerRoute, Refusal, RelayRoute
 from hermes_actors.local.durability import Durability
 from hermes_actors.local.outcome_book import DeliveryState, OutcomeBook, Pending
 from hermes_actors.local.relay_link import RelayLink
 from hermes_actors.messages import (
     PEER_ORIGIN,
+    REDIS_ORIGIN,
     Delivery,
     Outcome,
     OutcomeReady,
@@ -83,6 +88,8 @@ class RemoteSends:
         self.durability = durability
         self.settle = settle
         self.stopping = stopping
+        self.relay_resumed = False  # the relay told its complete list of resumed envelopes (RelayResumed.complete)
+        self.awaiting_resume: dict[str, str] = {}  # journaled Redis DMs the relay has not resumed yet: id -> label
 
     def send(self, route: RelayRoute | PeerRoute, delivery: Delivery) -> dict[str, Any] | PendingAck:
         """Send an admitted DM to the relay or a peer; the ack (or refusal), or the PendingAck the relay answers."""
@@ -134,17 +141,62 @@ class RemoteSends:
             assert isinstance(route, PeerRoute)
             future.set(self.to_peer(route, delivery))  # its ack, or a PendingAck resolve_ack waits for too
             return
+        if "delivery_id" in ack and self.relay.journals_sends and not self.book.has_outcome(ack["delivery_id"]):
+            future.set(self.journal_sent(delivery, ack))
+            return
         if "delivery_id" in ack:  # booked under the envelope's id: the relay reports its outcome by it
             if not self.book.has_outcome(ack["delivery_id"]):  # its reply may have beaten this ack here
                 self.book.add(ack["delivery_id"], Pending(delivery, "relay"))
             self.counters["accepted"] += 1
         future.set(ack)
 
+    def journal_sent(self, delivery: Delivery, ack: dict[str, Any]) -> dict[str, Any] | PendingAck:
+        """A DM Redis queued: booked under its envelope's id, acked once its ``accepted`` record is on disk.
+
+        In durable mode its record (origin ``redis``) is journaled before the ack: Redis may lose the envelope
+        and its ``sent`` record (``appendfsync everysec``, a crash), and nothing else on this root names it, so
+        a restart then left a DM acked ``queued`` with no outcome ever (``wait_outcome`` raised KeyError). It is
+        booked now, not once its record lands: its reply, journaled ``finished`` after it, cannot beat it.
+
+        Returns:
+            The ack (no journal, or the journal refused the record: logged, it is in Redis), or the PendingAck
+            answered with it once the record is on disk.
+        """
+        key = ack["delivery_id"]
+        journaled = replace(delivery, delivery_id=key, origin=REDIS_ORIGIN)
+        self.book.add(key, Pending(journaled, "relay"))
+
+        def proceed() -> None:
+            self.counters["accepted"] += 1
+
+        return self.durability.accept(journaled, ack, proceed, queued=True)
+
     def resumed(self, msg: RelayResumed) -> None:
-        """A restarted relay waits for these envelopes of ours again: book each one this run does not know."""
+        """A restarted relay waits for these envelopes of ours again: book each one this run does not know.
+
+        A complete list (``msg.complete``) also settles each journaled Redis DM it lacks (:meth:`await_resume`):
+        Redis lost its envelope and ``sent`` record, so no reply or deadline of the relay's would ever settle it.
+        """
         for entry in msg.entries:
             key = entry.envelope_id
+            self.awaiting_resume.pop(key, None)  # Redis holds it: its reply or deadline settles it as before
             if self.book.state(key) is DeliveryState.UNKNOWN:  # its sender (when recorded) is woken by the outcome
                 placeholder = Delivery(key, entry.sender, entry.sender_handle, "", "", "", label=entry.label,
                                        hop=entry.hop, origin="recovered", wake=entry.wake)
                 self.book.add(key, Pending(placeholder, "relay"))
+        if not msg.complete:
+            return
+        self.relay_resumed = True
+        lost, self.awaiting_resume = self.awaiting_resume, {}
+        for key, label in lost.items():
+            if self.book.state(key) is DeliveryState.PENDING:
+                self.settle(redis_lost(key, label))
+        if lost:
+            logger.warning("recovery: {} DM(s) sent over Redis before the restart are no longer in Redis (it lost "
+                           "data): settled ambiguous", len(lost))
+
+    def await_resume(self, delivery: Delivery) -> None:
+        """A journaled Redis DM without an outcome, at a start whose relay has not resumed yet (Redis unreachable):
+        booked pending (``wait_outcome`` waits) until the relay's complete list says whether Redis holds it."""
+        self.book.add(delivery.delivery_id, Pending(delivery, "relay"))
+        self.awaiting_resume[delivery.delivery_id] = delivery.label

@@ -56,7 +56,7 @@ from hermes_actors.core.shell import shell_command
 from hermes_actors.core.wake import WAKE_ORIGIN, shown_route
 from hermes_actors.hermes.warm_or_cli import turns_in_hermes
 from hermes_actors.local.delivery_stats import in_flight_counts
-from hermes_actors.messages import PEER_ORIGIN, RELAY_ORIGIN
+from hermes_actors.messages import PEER_ORIGIN, REDIS_ORIGIN, RELAY_ORIGIN
 from hermes_actors.ops.doctor_checks import check_redis
 from hermes_actors.ops.journal_view import read_journals
 from hermes_actors.ops.remote_roster import RemoteRoster, read_remote_roster
@@ -309,9 +309,12 @@ def _transport(raw: dict[str, Any]) -> str:
 
 def _journaled_route(origin: str | None) -> str:
     """Pure: the route of a DM a journal holds without an outcome, by its origin: ``relay-in`` (relayed in),
-    ``peer`` (handed to the ``bot_peers`` transport: it has no local profile), else ``local``."""
+    ``peer`` (handed to the ``bot_peers`` transport: it has no local profile), ``relay`` (sent over Redis),
+    else ``local``."""
     if origin == RELAY_ORIGIN:
         return "relay-in"
+    if origin == REDIS_ORIGIN:
+        return "relay"
     return "peer" if origin == PEER_ORIGIN else "local"
 
 def file_status(root: str | Path, *, now: float | None = None) -> dict[str, Any]:

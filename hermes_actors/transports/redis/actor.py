@@ -217,8 +217,9 @@ class RedisRelayActor(TypedActor):
         a resumed reply deadline may already have reported a DM that was answered as timed out.
         """
         entries = self.outbound.resume()
-        if entries:  # a Dispatcher gone (a stop): the next start resumes them again
-            tell(self.dispatcher, RelayResumed(entries))
+        # Told even when empty: the full list settles the journaled Redis DMs Redis no longer holds (a Dispatcher
+        # gone, a stop: the next start resumes them again)
+        tell(self.dispatcher, RelayResumed(entries))
         # Only this process reads our stream (the lease): every entry pending on it is a dead run's.
         self._reclaim(kinds=("replies",), idle_ms=0)
 
