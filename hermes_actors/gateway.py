@@ -571,7 +571,8 @@ class Gateway:
 
     @_off_main_thread
     def attach_live_owner(self, profile: str, owner: Any) -> None:
-        """Hand this profile's DMs to a live Bot Chat owner instead of running turns (DESIGN 4.3).
+        """Hand this profile's DMs to a live Bot Chat owner instead of running turns (docs/architecture.md,
+        "Live-owner handoff").
 
         Args:
             profile: the local profile (folder id or handle).

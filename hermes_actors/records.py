@@ -34,7 +34,7 @@ __all__ = [
 
 BOT_CHAT_SESSION = "Bot Chat"
 
-#: The one final status of a delivery (DESIGN section 3).
+#: The one final status of a delivery (docs/protocol.md, "Outcomes").
 OutcomeStatus = Literal["replied", "failed", "silent", "ambiguous"]
 
 #: Where a delivery came from: sent here, drained from the relay, re-offered after a
@@ -146,7 +146,7 @@ class Outcome:
     text: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        """The public outcome dict (DESIGN section 3): all keys always present."""
+        """The public outcome dict (docs/protocol.md, "Outcomes"): all keys always present."""
         return {
             "delivery_id": self.delivery_id,
             "status": self.status,

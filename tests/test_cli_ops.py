@@ -35,7 +35,16 @@ from hermes_actors import Gateway
 from hermes_actors.cli.main import main
 from hermes_actors.local.command_runner import CommandRunner
 from hermes_actors.ops.doctor import run_doctor
-from hermes_actors.ops.doctor_checks import BLOCK, OK, WARN, check_connection_ids, check_models, check_plugin
+from hermes_actors.ops.doctor_checks import (
+    BLOCK,
+    OK,
+    WARN,
+    check_connection_ids,
+    check_models,
+    check_peers,
+    check_plugin,
+    within_sentence,
+)
 from hermes_actors.records import ProfileInfo, RemoteAgent
 from hermes_actors.store.hermes_root import discover_profiles
 from hermes_actors.store.private_dir import ensure_private_dir
@@ -463,6 +472,26 @@ def test_doctor_warns_of_bot_peers_a_hermes_without_a_peer_command_cannot_reach(
     assert "Redis" in peers.fix and "hermes release with Bot Mode" in peers.fix
     bare = _enabled_root(tmp_path / "other")  # no bot_peers: nothing to ask the CLI
     assert {c.name: c for c in run_doctor(bare, cli=cli)}["bot_peers"].level == OK
+
+
+def test_the_bot_peers_warning_joins_why_into_its_sentence() -> None:
+    """Regression (docs review): doctor printed ``spark: reached with `hermes peer dm`, but The hermes CLI at …``,
+    a capital mid-sentence: the failed DM's sentence was joined as it was. Its first letter is lower-cased now."""
+    check = check_peers(["spark"], [], "/usr/bin/hermes", True)
+    assert check.detail.startswith("spark: reached with `hermes peer dm`, but the hermes CLI at '/usr/bin/hermes' "
+                                   "has no `peer` command"), check.detail
+
+
+@pytest.mark.parametrize(("text", "joined"), [
+    ("The hermes CLI at '/x' has no `peer` command", "the hermes CLI at '/x' has no `peer` command"),
+    ("A DM is acked", "a DM is acked"),
+    ("CLI not found", "CLI not found"),  # an acronym keeps its capitals
+    ("EACCES on /x", "EACCES on /x"),
+    ("already lower", "already lower"),
+    ("", ""),
+])
+def test_within_sentence_lowercases_the_first_letter_but_of_an_acronym(text: str, joined: str) -> None:
+    assert within_sentence(text) == joined
 
 
 def test_doctor_names_enable_gateway_in_the_hosting_fix_only_until_it_was_run(

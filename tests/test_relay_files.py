@@ -728,7 +728,8 @@ def test_refused_roster_rows_are_named_in_one_warning_per_version_of_the_file(
 ) -> None:
     """Rows of the wrong types were dropped silently: every DM to ``dave@mini`` was then refused ``no teammate
     named 'dave@mini'`` with nothing naming the cause. The roster is re-read at every reload: one warning per
-    version of the file, not one per read."""
+    version of the file, not one per read. Rows are numbered from 1, as a person counts them (regression, docs
+    review: they were numbered from 0, so the warning's ``row 2`` was the file's third row)."""
     hostile = [{"connection_id": 5, "handle": ["x"], "profile": None, "online": "yes"}, "str",
                {"connection_id": "mini", "handle": "../x", "profile": "x"}, {"profile": "dave", "connection_id": 5,
                                                                              "handle": ["x"]}]
@@ -737,13 +738,13 @@ def test_refused_roster_rows_are_named_in_one_warning_per_version_of_the_file(
         agents, _age = read_roster(paths, now=NOW + 1)
         assert [a.profile for a in agents] == ["carol"]
     [line] = logs.matching(str(paths.roster), "4 row(s) refused")
-    assert "row 0: no profile" in line and "row 1: a str, not an object" in line, line
-    assert "row 2: handle '../x' is not a name" in line and "row 3: handle \"['x']\" is not a name" in line, line
+    assert "row 1: no profile" in line and "row 2: a str, not an object" in line, line
+    assert "row 3: handle '../x' is not a name" in line and "row 4: handle \"['x']\" is not a name" in line, line
     _write_roster_file(paths, [{"profile": "../y", "connection_id": "mini"}], NOW + 5)  # a new version: news
     read_roster(paths, now=NOW + 6)
     read_roster(paths, now=NOW + 6)
     assert len(logs.matching(str(paths.roster), "refused")) == 2, logs.lines
-    assert "row 0: profile '../y' is not a name" in logs.lines[-1]
+    assert "row 1: profile '../y' is not a name" in logs.lines[-1]
 
 
 def test_a_hostile_roster_is_warned_about_once_not_at_every_read(paths: RelayPaths, logs: LogCapture) -> None:

@@ -834,3 +834,33 @@ def test_a_wait_room_idle_blocked_when_the_gateway_stops_is_told_so(room_root: P
     (answer,) = answers
     # told the gateway stopped (or, had the waiter only asked after the stop, that it is not running)
     assert isinstance(answer, RuntimeError) and ("stopped" in str(answer) or "not running" in str(answer)), answer
+
+
+def test_a_running_member_turn_is_no_pending_dm(room_root: Path, gateways: list[Gateway]) -> None:
+    """Regression (docs review): ``status`` showed ``accepted 0 … pending 1`` (and ``hermes_actors_pending`` 1) while a
+    room member's turn ran: ``pending`` counted room turns, which ``accepted`` and ``settled`` never count. It counts
+    DMs only now, as the docs say; a DM queued behind the member turn is counted."""
+    release, entered = threading.Event(), threading.Event()
+
+    def behave(turn: Turn) -> str:
+        if turn.session.startswith("Group: "):
+            entered.set()
+            assert release.wait(30)
+        return "[SILENT]"
+
+    gw = start_gateway(gateways, room_root, RecordingRunner(behave))
+    try:
+        gw.create_room("plan", ["alice", "bob"])
+        gw.room_send("plan", "user", "@bob status?")
+        assert entered.wait(30)
+        stats = gw.stats()
+        assert (stats["accepted"], stats["pending"]) == (0, 0), stats
+        ack = gw.message_agent(sender="alice", target="bob", message="hi")  # queued behind bob's member turn
+        stats = gw.stats()
+        assert (stats["accepted"], stats["pending"]) == (1, 1), stats
+        counters = live_status(gw)["counters"]
+        assert (counters["accepted"], counters["pending"]) == (1, 1), counters
+    finally:
+        release.set()
+    assert gw.wait_outcome(ack["delivery_id"], timeout=30)["status"] == "silent"
+    assert gw.wait_room_idle("plan", timeout=30) == "idle"

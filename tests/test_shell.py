@@ -67,3 +67,19 @@ def test_an_assigned_value_with_a_control_character_is_ansi_c_quoted(tmp_path: P
     assert line.startswith(f"HERMES_HOME=$'{tmp_path}/r\\x1bX' sh -c "), line
     ran = subprocess.run(["bash", "-c", line], capture_output=True, check=True, timeout=30)
     assert ran.stdout.decode() == str(root)
+
+
+def test_a_byte_of_a_file_name_that_is_no_utf8_is_written_as_the_byte(tmp_path: Path) -> None:
+    """Regression (docs review): ``shell_command("rm", "/x/j-\\udcff.log")`` printed ``rm '/x/j-\\udcff.log'``, the
+    surrogate os.fsdecode gives for the byte 0xff, single-quoted: pasted, bash was given other bytes and said "No such
+    file or directory". The byte is now written as ``\\xff`` inside $'…', as control characters are."""
+    import os
+
+    name = os.fsdecode(os.fsencode(str(tmp_path)) + b"/j-\xff.log")
+    assert name.endswith("j-\udcff.log")
+    Path(name).write_bytes(b"")
+    line = shell_command("rm", name)
+    assert line == f"rm $'{tmp_path}/j-\\xff.log'", line
+    ran = subprocess.run(["bash", "-c", line], capture_output=True, timeout=30, env={"LC_ALL": "C"})
+    assert ran.returncode == 0, ran.stderr
+    assert not Path(name).exists()  # pasted, it removed the file it names

@@ -234,7 +234,7 @@ def answer_exit_code(answer: dict[str, Any]) -> int:
 def outcome_exit_code(outcome: dict[str, Any]) -> int:
     """Pure: 0 replied/silent; 1 otherwise (failed, ambiguous, pending, unknown, an error).
 
-    DESIGN's exit codes are 0 ok, 1 refused/failed/ambiguous, 2 usage: a DM without an
+    The exit codes (docs/operations.md, "Exit codes") are 0 ok, 1 refused/failed/ambiguous, 2 usage: a DM without an
     outcome yet, or an id nobody knows, is not ok; the printed line says which it is.
     """
     return EXIT_OK if outcome.get("status") in ("replied", "silent") else EXIT_FAILED

@@ -38,7 +38,8 @@ LIVE_OWNER_DETAIL = "Durably queued for the live Bot Chat owner. Do NOT wait or 
 
 
 def ack_payload(delivery_id: str, label: str, *, now: float, live_owner: bool = False) -> dict[str, Any]:
-    """Pure: the tool's success JSON (DESIGN section 6); ``detail`` is the seed's text word for word.
+    """Pure: the tool's success JSON (docs/protocol.md, "The message_agent tool"); ``detail`` is the seed's text
+    word for word.
 
     Args:
         delivery_id: the DM's id.

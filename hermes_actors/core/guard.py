@@ -1,4 +1,4 @@
-"""The conversation guard (DESIGN 4.5): pure checks against bot-to-bot loops.
+"""The conversation guard (docs/architecture.md, "The conversation guard"): pure checks against bot-to-bot loops.
 
 ``hop`` is a DM's depth in its conversation: a DM a caller sends through
 ``Gateway.message_agent`` is hop 1; a DM sent from inside the turn of a hop-N

@@ -1,4 +1,5 @@
-"""A DM's hop as the protocols carry it (DESIGN 4.5): the one rule for a hop that came from outside.
+"""A DM's hop as the protocols carry it (docs/architecture.md, "The conversation guard"): the one rule for a hop
+that came from outside.
 
 A leaf module: the submit protocol, the relay's envelope parser and the conversation guard
 (``core.guard``) all check a hop here.

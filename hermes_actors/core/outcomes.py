@@ -1,4 +1,4 @@
-"""Pure constructors of the outcome a sender reads (DESIGN section 3).
+"""Pure constructors of the outcome a sender reads (docs/protocol.md, "Outcomes").
 
 Every outcome has all keys; ``text`` is the one-line notification the sender's
 agent reads; ``retryable`` follows the policy in ``reasons.is_retryable``.

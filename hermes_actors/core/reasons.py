@@ -1,4 +1,4 @@
-"""The failure-reason vocabulary and the policy built on it (DESIGN 4.2, 4.4).
+"""The failure-reason vocabulary and the policy built on it (docs/protocol.md, "Reasons" and "Outcomes").
 
 Everything here is a pure function over strings: classification of free
 failure text into a reason code, the retry action a reason earns, whether a
@@ -171,7 +171,7 @@ _COMPILED: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 
 
 def classify_agent_error(text: str) -> str:
-    """Classify free failure text into a reason code (DESIGN 4.2).
+    """Classify free failure text into a reason code (docs/protocol.md, "Reasons").
 
     Matching is case-insensitive, treats ``_``, ``-`` and spaces alike, and
     matches status codes only as whole numbers. The first matching class wins.
@@ -243,7 +243,7 @@ def normalize_reason(code: str, text: str = "") -> str:
 SILENCE_MARKERS: frozenset[str] = frozenset({"[silent]", "silent", "no_reply", "no reply"})
 
 def is_intentional_silence(reply: str) -> bool:
-    """Whether a reply is an intentional non-answer (DESIGN 4.4).
+    """Whether a reply is an intentional non-answer (docs/protocol.md, "Outcomes").
 
     Args:
         reply: the whole reply text.

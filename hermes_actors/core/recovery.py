@@ -211,7 +211,7 @@ def owner_outcome(delivery: Delivery, record: dict[str, Any] | None) -> Outcome:
     ``failed``; anything else (``claimed``, a ``queued`` one rewritten by another writer of our
     uid, ``ambiguous``, no readable record) is ``ambiguous``, never offered again. A forged
     ``settled`` record is taken as the owner's answer: the mailbox's idempotency trusts a record
-    of our uid (DESIGN 4.3).
+    of our uid (docs/architecture.md, "Live-owner handoff").
 
     Args:
         delivery: the DM.

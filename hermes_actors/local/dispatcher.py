@@ -471,7 +471,7 @@ class DispatcherActor(SupervisorActor):
         return {
             **self.counters,
             "refused_by_reason": dict(sorted(self.refused_by_reason.items())),
-            "pending": len(pending) - self.waker.pending_wakes(pending),
+            "pending": self.waker.pending_dms(pending),
             "active_profiles": self.profiles.active(),
             "deliveries": self.stats.view(pending, self.profiles.owners),
         }

@@ -1,4 +1,4 @@
-"""Live-owner handoff (DESIGN 4.3): a DM goes to the open Bot Chat window.
+"""Live-owner handoff (docs/architecture.md, "Live-owner handoff"): a DM goes to the open Bot Chat window.
 
 While a live owner is attached, the ProfileActor does not run a turn; it hands
 the DM to the owner as a normal user turn, through a durable mailbox:

@@ -62,7 +62,7 @@ def timed_out_outcome(
         seconds: ``turn_timeout_seconds``.
         began: the turn had begun (its gate said so): it may have reached its target.
         live: a turn process of ours ran it and is being ended now.
-        owner: it was handed to the live Bot Chat owner (DESIGN 4.3).
+        owner: it was handed to the live Bot Chat owner (docs/architecture.md, "Live-owner handoff").
 
     Returns:
         ``ambiguous`` when the live owner had it (it may have shown the DM: do not resend),

@@ -474,7 +474,7 @@ class TurnGate:
     def give_up_unbegun(self) -> bool:
         """The stop, as it begins: a turn that has not begun never will; one that began is left as it is.
 
-        It runs on, its retry (DESIGN 4.2) and its ``forget_failed`` cleanup included: the stop
+        It runs on, its retry (docs/protocol.md, "Reasons") and its ``forget_failed`` cleanup included: the stop
         waits for it within its timeout, and gives up on it (:meth:`give_up`) at its end.
 
         Returns:

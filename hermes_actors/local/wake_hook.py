@@ -134,9 +134,17 @@ class SenderWaker:
                 self.sources[key] = delivery_from_record(state.delivery, key)
 
     @staticmethod
-    def pending_wakes(pending: list[tuple[str, Pending]]) -> int:
-        """How many of the pending entries are wake turns (not DMs: the DM counters leave them out)."""
-        return sum(1 for _, entry in pending if is_wake(entry.delivery))
+    def pending_dms(pending: list[tuple[str, Pending]]) -> int:
+        """How many of the pending entries are DMs, as the DM counters (``accepted``, ``settled``) count them.
+
+        Args:
+            pending: the pending entries (``OutcomeBook.pending``).
+
+        Returns:
+            Their number, less the wake turns (they hand an outcome to its sender) and the room members'
+            turns (their outcomes go back to the room): neither is a DM.
+        """
+        return sum(1 for _, entry in pending if entry.route != "room" and not is_wake(entry.delivery))
 
     def settling(self, key: str, entry: Pending | None) -> None:
         """Called when the outcome of ``key`` arrives for ``entry``, before it is journaled and published.

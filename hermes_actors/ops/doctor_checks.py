@@ -43,6 +43,7 @@ __all__ = [
     "check_relay_dirs",
     "check_warm_turns",
     "for_the_hosts_runner",
+    "within_sentence",
 ]
 
 OK, WARN, BLOCK = "ok", "warn", "block"
@@ -389,6 +390,22 @@ def check_connection_ids(own: set[str], remote: set[str], routed_as: set[str], *
                  + (f"; the hub routes here as {', '.join(sorted(routed_as))}" if routed_as else "") + others)
 
 
+def within_sentence(text: str) -> str:
+    """Pure: a sentence as it reads joined into another one (``…, but the hermes CLI at …``): its first letter
+    lower-cased, unless its first word is all capitals (``CLI``, ``EACCES``: a name, not a capital).
+
+    Args:
+        text: a sentence, e.g. ``The hermes CLI at '/usr/bin/hermes' has no `peer` command``.
+
+    Returns:
+        ``text`` with its first letter lower-cased, or as it is when its first word is an acronym or it is blank.
+    """
+    first = text.split(maxsplit=1)[0] if text.strip() else ""
+    if len(first) > 1 and first.isupper():
+        return text
+    return text[:1].lower() + text[1:]
+
+
 def check_peers(via_cli: list[str], on_redis: list[str], cli: str | None, missing: bool | None) -> Check:
     """Pure: the ``bot_peers`` entries reached with ``hermes peer dm`` have a hermes that has that command.
 
@@ -407,7 +424,8 @@ def check_peers(via_cli: list[str], on_redis: list[str], cli: str | None, missin
                                        else "none configured"))
     names = ", ".join(via_cli)
     if cli is not None and missing:
-        return Check("bot_peers", WARN, f"{names}: reached with `hermes peer dm`, but {no_peer_command(cli)}: "
+        why = within_sentence(no_peer_command(cli))  # a sentence of its own where a failed DM says it
+        return Check("bot_peers", WARN, f"{names}: reached with `hermes peer dm`, but {why}: "
                      "a DM to them is acked, then fails runtime_offline, NOT delivered" + redis,
                      PEER_FIX.rstrip(".") + " (a peer on this root's Redis is reached by its connection id), or "
                      "remove them from bot_peers")

@@ -87,7 +87,7 @@ def find_outcome(root: str | Path, delivery_id: str, *, index: JournalIndex | No
             could not be read (they are in an ``unknown`` answer's ``error`` too).
 
     Returns:
-        The outcome dict (DESIGN section 3), or ``{"status": "pending" | "unknown",
+        The outcome dict (docs/protocol.md, "Outcomes"), or ``{"status": "pending" | "unknown",
         "delivery_id", "error"?}``.
     """
     state, problems = (index or JournalIndex()).state(root, delivery_id)

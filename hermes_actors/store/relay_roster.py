@@ -119,7 +119,7 @@ def normalize_roster(rows: Any, refused: list[str] | None = None) -> list[Remote
 
     Args:
         rows: the raw ``agents`` list (anything else yields an empty roster).
-        refused: when given, gets one line per refused row (``row 2: no profile``), for
+        refused: when given, gets one line per refused row (``row 2: no profile``, rows numbered from 1), for
             the caller to log: a dropped row is an agent no DM can reach.
 
     Returns:
@@ -127,7 +127,7 @@ def normalize_roster(rows: Any, refused: list[str] | None = None) -> list[Remote
         sorted by that key.
     """
     by_key: dict[tuple[str, str], RemoteAgent] = {}
-    for number, row in enumerate(rows if isinstance(rows, list) else []):
+    for number, row in enumerate(rows if isinstance(rows, list) else [], start=1):  # as a person counts them
         agent = normalize_roster_row(row)
         if agent is not None:
             by_key.setdefault((agent.connection_id, agent.profile), agent)

@@ -1,4 +1,4 @@
-"""RedisRelayActor: the Redis Streams transport between gateways (DESIGN section 7).
+"""RedisRelayActor: the Redis Streams transport between gateways (docs/operations.md, "Multi-machine with Redis").
 
 A drop-in for the file relay's RelayActor: toward the Dispatcher it speaks the
 same messages (``RelaySend``/``PeerSend``, answered later with ``RelayAccepted``
