@@ -521,3 +521,19 @@ def test_a_room_named_with_another_rooms_id_is_never_taken_for_it(tmp_path: Path
     assert main(["room", "disband", "launch", "--root", str(root), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["room_id"] == launch
     assert host.list_rooms() == []
+
+
+def test_a_garbage_host_answer_to_a_room_call_exits_1_never_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression (left by cliedges): a host's answer to a room call that was no JSON object (an UnreadableAnswer, a
+    ValueError) exited 2, a usage error ("nothing was done"), though the host took the call and may have created the
+    room or queued the message: a script would repeat it. Now exit 1, saying to look before repeating it."""
+    from hermes_actors.cli.room import _act
+    from hermes_actors.hermes.submit_client import UnreadableAnswer
+
+    def act(rooms: Any) -> int:
+        raise UnreadableAnswer("the answer from /r/bot_relay/run/submit.sock is not a JSON object")
+
+    assert _act(act, None) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: the answer from /r/bot_relay/run/submit.sock is not a JSON object; "), err
+    assert "may have acted on the request" in err and "before repeating it" in err

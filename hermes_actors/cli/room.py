@@ -36,10 +36,14 @@ def _print_entry(entry: dict[str, Any]) -> None:
 
 def _act(act: Callable[[Any], int], rooms: Any) -> int:
     """Run ``act`` on a Gateway or the host's rooms; what they raise becomes one line and an exit code."""
-    from hermes_actors.hermes.submit_client import HostLost, HostOffline
+    from hermes_actors.hermes.submit_client import HostLost, HostOffline, UnreadableAnswer
 
     try:
         return act(rooms)
+    except UnreadableAnswer as exc:  # a ValueError, but the host took the request: never a usage error
+        print(f"error: {exc}; the host may have acted on the request: look (hermes-actors room list, room show) "
+              "before repeating it", file=sys.stderr)
+        return EXIT_FAILED
     except (KeyError, ValueError) as exc:  # no such room, a bad name or members (one raised once the room call was
         # answered is an AfterActionError: cli.after_action)
         print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
