@@ -1107,7 +1107,7 @@ def test_a_garbage_outcome_answer_while_send_waits_names_the_outcome_command(
     ({"delivery_id": "AB" * 16}, "its answer names no delivery id and no error: {'delivery_id': '" + "AB" * 16 + "'}"),
 ])
 def test_send_answer_problem(answer: dict[str, Any], problem: str | None) -> None:
-    from hermes_actors.cli.send import send_answer_problem
+    from hermes_actors.hermes.submit_client import send_answer_problem
 
     assert send_answer_problem(answer) == problem
 
@@ -1282,3 +1282,23 @@ def test_the_offline_refusal_names_commands_that_run_as_printed() -> None:
     text = submit_protocol.offline_refusal(Path("/srv/my hermes"))["error"]
     assert "Start the host with `hermes-actors serve --root '/srv/my hermes'` (or `hermes gateway run` once " \
            "`hermes-actors enable --root '/srv/my hermes' --gateway` turned its hosting on)" in text, text
+
+
+@pytest.mark.parametrize("answer", [b'{"status": "queued"}\n', b'{"x": 1}\n', b'{"delivery_id": "zz"}\n'],
+                         ids=["status-only", "other-object", "bad-id"])
+def test_a_host_answer_to_a_bots_dm_with_no_ack_and_no_refusal_is_never_read_as_an_ack(
+    tmp_path: Path, answer: bytes
+) -> None:
+    """Regression (diff review of cliedges): ``send`` called a host's answer naming no delivery id and no error
+    ambiguous, but the bot's tool path (``submit_dm``) returned it as it was: the bot read ``{"status": "queued"}``
+    as an ack with no id. Now the same rule (``send_answer_problem``) makes it the may-or-may-not-be-queued answer."""
+    root = make_root(tmp_path)
+    host = _OneShotHost(root, answer)
+    try:
+        refusal = submit_dm(root, "alice", "bob", "pay once")
+    finally:
+        host.close()
+    assert refusal["reason"] == "unknown" and refusal["error"].startswith(
+        f"The Bot Mode host on {root} answered no ack and no refusal (its answer names no delivery id and no error: "
+    ), refusal
+    assert refusal["error"].endswith("the message may or may not have been queued — do not resend it blindly.")

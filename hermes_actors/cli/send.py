@@ -27,11 +27,10 @@ from hermes_actors.cli.render import (
 )
 from hermes_actors.cli.streams import print_json
 from hermes_actors.core.clipping import shown
-from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.shell import shell_command
 from hermes_actors.ops.stop_signals import StopSignals
 
-__all__ = ["ambiguous_send_line", "cmd_send", "no_host_note", "send_answer_problem"]
+__all__ = ["ambiguous_send_line", "cmd_send", "no_host_note"]
 
 
 def _print_answer(answer: dict[str, Any], args: argparse.Namespace) -> int:
@@ -93,24 +92,10 @@ def ambiguous_send_line(root: object, why: str, delivery_id: str | None = None) 
                      f"with: {look})")
 
 
-def send_answer_problem(answer: dict[str, Any]) -> str | None:
-    """Pure: what makes a host's answer to a send no ack and no refusal, or None when it is one of them.
-
-    Args:
-        answer: the JSON object the host answered.
-
-    Returns:
-        None for a refusal (``error``) or an ack (a ``delivery_id``), else what is wrong with it.
-    """
-    if "error" in answer or is_delivery_id(answer.get("delivery_id")):
-        return None
-    return f"its answer names no delivery id and no error: {shown(answer)}"
-
-
 def _send_via_host(args: argparse.Namespace) -> int | None:
     """Submit through the host serving the root; None when no host runs there."""
     from hermes_actors.cli.gateway_options import given_gateway_options, host_ignored_note
-    from hermes_actors.hermes.submit_client import HostLost, HostOffline, UnreadableAnswer, request
+    from hermes_actors.hermes.submit_client import HostLost, HostOffline, UnreadableAnswer, request, send_answer_problem
 
     payload = {"op": "send", "sender": args.sender, "target": args.target, "message": args.message, "hop": 0}
     try:

@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from hermes_actors.core.clipping import shown
+from hermes_actors.core.ids import is_delivery_id
 from hermes_actors.core.reasons import UNKNOWN
 from hermes_actors.core.shell import shell_command
 from hermes_actors.errors import HostileFileError
@@ -45,6 +47,7 @@ __all__ = [
     "lock_holder",
     "ping",
     "request",
+    "send_answer_problem",
     "submit_dm",
 ]
 
@@ -174,7 +177,6 @@ def submit_dm(
             # a host older than the field refused the request unread (nothing queued): send it as that host knows
             del payload["session"]
             answer = request(root, payload, timeout=timeout)
-        return answer
     except HostOffline:
         return offline_refusal(root)
     except HostLost:
@@ -188,6 +190,25 @@ def submit_dm(
                          "not have been queued — do not resend it blindly.", "reason": UNKNOWN}
     except (PermissionError, ValueError, OSError) as exc:
         return {"error": f"Could not submit the message to the Bot Mode host on {root}: {exc}", "reason": UNKNOWN}
+    problem = send_answer_problem(answer)
+    if problem is not None:  # taken by the host, answered neither an ack nor a refusal: never read as an ack
+        return {"error": f"The Bot Mode host on {root} answered no ack and no refusal ({problem}); the message may "
+                         "or may not have been queued — do not resend it blindly.", "reason": UNKNOWN}
+    return answer
+
+
+def send_answer_problem(answer: dict[str, Any]) -> str | None:
+    """Pure: what makes a host's answer to a send no ack and no refusal, or None when it is one of them.
+
+    Args:
+        answer: the JSON object the host answered.
+
+    Returns:
+        None for a refusal (``error``) or an ack (a ``delivery_id``), else what is wrong with it.
+    """
+    if "error" in answer or is_delivery_id(answer.get("delivery_id")):
+        return None
+    return f"its answer names no delivery id and no error: {shown(answer)}"
 
 
 def ping(root: str | Path, timeout: float = 2.0) -> dict[str, Any] | None:
