@@ -205,7 +205,7 @@ class SendRecorder:
 
     def __call__(self, call: SendCall) -> dict[str, Any]:
         self.calls.append(call)
-        return {"status": "queued", "delivery_id": "d1", "to": f"@{call.target}"}
+        return {"status": "queued", "delivery_id": "d1" * 16, "to": f"@{call.target}"}
 
 
 def test_a_bot_chat_call_is_submitted_to_the_host_as_the_active_profile(
@@ -217,7 +217,7 @@ def test_a_bot_chat_call_is_submitted_to_the_host_as_the_active_profile(
         first = _call(ids["bot"], target="bob", message="hi")
         monkeypatch.setenv(plugin.HOP_ENV, "3")  # a turn our runner started for a hop-3 delivery
         nested = _call(ids["bot_continued"], target="carol", message="deeper")
-    assert first == {"status": "queued", "delivery_id": "d1", "to": "@bob"}
+    assert first == {"status": "queued", "delivery_id": "d1" * 16, "to": "@bob"}
     assert nested["to"] == "@carol"
     # the session goes along: the host adds the hop of a warm turn it runs there (hermes runs it elsewhere)
     assert [(c.sender, c.target, c.message, c.hop, c.session) for c in rec.calls] == [

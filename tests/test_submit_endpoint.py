@@ -124,7 +124,8 @@ class Recorder:
 
     def __call__(self, call: SendCall) -> dict[str, Any]:
         self.calls.append(call)
-        return {"status": "queued", "delivery_id": f"id{len(self.calls)}", "to": f"@{call.target}"}
+        # a delivery id as a host gives it (32 lowercase hex): an answer with no such id is no ack (submit_dm)
+        return {"status": "queued", "delivery_id": f"{len(self.calls):032x}", "to": f"@{call.target}"}
 
 
 @pytest.fixture
@@ -152,7 +153,7 @@ def test_a_send_round_trips_to_the_send_function(server_root: Path) -> None:
     with SubmitServer(server_root, send=rec):
         answer = submit_dm(server_root, "alice", "bob", "hi", hop=3)
         pong = ping(server_root)
-    assert answer == {"status": "queued", "delivery_id": "id1", "to": "@bob"}
+    assert answer == {"status": "queued", "delivery_id": f"{1:032x}", "to": "@bob"}
     assert rec.calls == [SendCall("alice", "bob", "hi", 3)]
     assert pong is not None and pong["pid"] == os.getpid() and pong["root"] == str(server_root)
 
@@ -181,7 +182,7 @@ def test_bad_and_oversized_requests_get_an_error_and_reach_nothing(server_root: 
         after = submit_dm(server_root, "alice", "bob", "after")  # the server still serves
     assert "'target' must be a string" in bad["error"]
     assert f"larger than {MAX_REQUEST_BYTES} bytes" in huge["error"]
-    assert [c.message for c in rec.calls] == ["after"] and after["delivery_id"] == "id1"
+    assert [c.message for c in rec.calls] == ["after"] and after["delivery_id"] == f"{1:032x}"
 
 
 def test_a_peer_of_another_uid_is_refused(server_root: Path) -> None:
