@@ -156,3 +156,34 @@ def test_only_the_owner_lock_a_gateway_of_this_process_took_is_told_as_this_proc
         mine.close()
     assert files.owned_elsewhere() == rooms_held_text(root, in_this_process=False)  # let go: no longer noted
     other.close()
+
+
+def test_a_start_mark_whose_room_look_fails_is_withdrawn_and_the_turn_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (diff review of the mark-then-look order): with the start mark written first, a look at the room's
+    file that raised (out of descriptors, a refused directory) left the mark: a kill before the room recorded the
+    turn failed made the next start call a turn that never ran interrupted. Now the mark is withdrawn."""
+    import errno
+    import os
+
+    from hermes_actors.errors import StoreError
+    from hermes_actors.rooms import store
+    from hermes_actors.rooms.store import RoomFiles, RoomStartMarks
+
+    root = make_root(tmp_path, {"alice": {}}, name="alpha")
+    room_id, turn_id = "a" * 32, "b" * 32
+    files = RoomFiles(root)
+    files.ensure()
+    files.path(room_id).write_text("{}")
+    real = store.lexists_below
+
+    def failing(base: Path, path: Path) -> bool:
+        if path.name == f"{room_id}.json":
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(base, path)
+
+    monkeypatch.setattr(store, "lexists_below", failing)
+    with pytest.raises(StoreError, match="could not be looked at"):
+        RoomStartMarks(root, room_id).append_durably({"t": "started", "id": turn_id})
+    assert not files.start_mark(turn_id).exists()

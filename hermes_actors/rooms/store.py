@@ -373,16 +373,35 @@ class RoomStartMarks:
             # Only now, the mark there: a disband deletes the room's file, then its running turn's mark
             # (RoomFiles.drop). Either the file is still here and the disband comes after this look (it removes the
             # mark; the turn runs as one already running), or it is gone and the mark is withdrawn here.
-            # looked up through the checked rooms/ (a swapped one is refused, never followed)
-            if not lexists_below(files.relay.base, files.path(self.room_id)):  # disbanded while the turn was queued
-                files.forget_start(turn_id)
-                raise StoreError(f"room {self.room_id} was disbanded: its member turn {turn_id} does not run")
+            self._check_room_after_mark(turn_id)
         except StoreError:
             raise
         except ValidationError as exc:  # a bad id, or a hostile directory (HostileFileError)
             raise StoreError(f"the start mark of room turn {turn_id} was refused: {exc}") from exc
         except OSError as exc:
             raise StoreError(f"the start mark of room turn {turn_id} could not be written: {exc}") from exc
+
+
+    def _check_room_after_mark(self, turn_id: str) -> None:
+        """The room's file, looked at once the turn's start mark is on disk; the mark withdrawn if the turn cannot run.
+
+        Looked up through the checked ``rooms/`` (a swapped one is refused, never followed). A look that fails
+        (a refused directory, out of descriptors) withdraws the mark too: the turn does not run, and a kill
+        before the room records it failed must not leave a mark that makes the next start call it interrupted.
+
+        Raises:
+            StoreError: the room is gone (disbanded), or the look failed.
+        """
+        files = self.files
+        try:
+            there = lexists_below(files.relay.base, files.path(self.room_id))
+        except (OSError, ValidationError) as exc:  # HostileFileError included
+            files.forget_start(turn_id)
+            raise StoreError(f"room {self.room_id}'s file could not be looked at for member turn {turn_id} ({exc}): "
+                             "the turn does not run") from exc
+        if not there:  # disbanded while the turn was queued
+            files.forget_start(turn_id)
+            raise StoreError(f"room {self.room_id} was disbanded: its member turn {turn_id} does not run")
 
 
 class RoomsOnDisk:
