@@ -167,3 +167,15 @@ def test_ascii_json_escapes_non_ascii_as_json_does(text: str, expected: str) -> 
 def test_json_text_indents_as_before() -> None:
     assert json_text({"a": [1]}, indent=True) == '{\n  "a": [\n    1\n  ]\n}'
     assert json_text({"a": "\udcff"}, indent=True) == '{\n  "a": "\\\\udcff"\n}'
+
+
+def test_json_text_escapes_what_its_default_makes_of_a_value_too() -> None:
+    """Regression (diff review of cliedges): with ``default=str``, a value JSON cannot say whose text holds a lone
+    surrogate (a ``Path`` of a non-UTF-8 name, an exception naming one) still raised TypeError: only the value's own
+    strings were escaped. Now ``default``'s output is escaped by the same rule."""
+    from pathlib import Path
+
+    from hermes_actors.cli.render import json_text
+
+    text = json_text({"p": Path("/tmp/\udcff"), "e": ValueError("x\udcff")}, default=str)
+    assert json.loads(text) == {"p": "/tmp/\\udcff", "e": "x\\udcff"}

@@ -7,6 +7,7 @@ and ``--json`` prints the dict itself.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -104,7 +105,14 @@ def json_text(value: Any, *, indent: bool = False, default: Callable[[Any], Any]
     try:
         return orjson.dumps(value, default=default, option=option).decode()
     except orjson.JSONEncodeError:
-        return orjson.dumps(surrogates_escaped(value), default=default, option=option).decode()
+        # what ``default`` makes of a value (``str`` of a Path holding such a byte) is escaped by the same rule
+        escaped_default = None if default is None else functools.partial(_escaped_default, default)
+        return orjson.dumps(surrogates_escaped(value), default=escaped_default, option=option).decode()
+
+
+def _escaped_default(default: Callable[[Any], Any], value: Any) -> Any:
+    """``default``'s rendering of a value JSON cannot say, its strings escaped (:func:`surrogates_escaped`)."""
+    return surrogates_escaped(default(value))
 
 
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
