@@ -1073,14 +1073,18 @@ def test_a_garbage_answer_to_send_is_ambiguous_exit_1_never_a_usage_error(
 def test_a_garbage_answer_to_a_bots_dm_says_it_may_be_queued(tmp_path: Path, answer: bytes) -> None:
     """Regression (cliedges): the tool's refusal said only "Could not submit the message": read as NOT sent, the
     bot would send it again."""
+    _assert_bot_told_it_may_be_queued(tmp_path, answer, "answered something unreadable (the answer from ")
+
+
+def _assert_bot_told_it_may_be_queued(tmp_path: Path, answer: bytes, why: str) -> None:
+    """A bot's DM through a stand-in host answering ``answer`` is told it may or may not be queued, and ``why``."""
     root = make_root(tmp_path)
     host = _OneShotHost(root, answer)
     try:
         refusal = submit_dm(root, "alice", "bob", "pay once")
     finally:
         host.close()
-    assert refusal["reason"] == "unknown" and refusal["error"].startswith(
-        f"The Bot Mode host on {root} answered something unreadable (the answer from "), refusal
+    assert refusal["reason"] == "unknown" and refusal["error"].startswith(f"The Bot Mode host on {root} {why}"), refusal
     assert refusal["error"].endswith("the message may or may not have been queued — do not resend it blindly.")
 
 
@@ -1293,13 +1297,5 @@ def test_a_host_answer_to_a_bots_dm_with_no_ack_and_no_refusal_is_never_read_as_
     """Regression (diff review of cliedges): ``send`` called a host's answer naming no delivery id and no error
     ambiguous, but the bot's tool path (``submit_dm``) returned it as it was: the bot read ``{"status": "queued"}``
     as an ack with no id. Now the same rule (``send_answer_problem``) makes it the may-or-may-not-be-queued answer."""
-    root = make_root(tmp_path)
-    host = _OneShotHost(root, answer)
-    try:
-        refusal = submit_dm(root, "alice", "bob", "pay once")
-    finally:
-        host.close()
-    assert refusal["reason"] == "unknown" and refusal["error"].startswith(
-        f"The Bot Mode host on {root} answered no ack and no refusal (its answer names no delivery id and no error: "
-    ), refusal
-    assert refusal["error"].endswith("the message may or may not have been queued — do not resend it blindly.")
+    _assert_bot_told_it_may_be_queued(
+        tmp_path, answer, "answered no ack and no refusal (its answer names no delivery id and no error: ")
