@@ -2,7 +2,8 @@
 
 ``hermes-actors relay --root A --root B`` pushes each root the others' roster
 (``online: true`` from a gateway's heartbeat, else unknown; only the rows of its
-own roots: a row of another connection, the Desktop's, is kept as it is), drains
+own roots: a row of another connection, the Desktop's, is kept, its ``online`` only while
+that writer's last write is fresh), drains
 every outbox (claim by rename onto this hub's shelf ``hubclaims/s-<token>/`` — two
 hubs never both win), hands each envelope to the target root's ``inbox/`` and then
 files it in ``claimed/`` (one for a connection it does not relay goes back into its
@@ -68,6 +69,7 @@ from hermes_actors.store.yaml_file import warned_while_failing
 __all__ = ["HubActor", "HubRoot", "run_hub"]
 
 ROSTER_REFRESH_SECONDS = 60.0  # rewrite unchanged rosters this often so they stay fresh (< 600 s)
+ROSTER_MERGE_TRIES = 2  # a roster rewritten by another writer between the hub's read and its write is merged again
 # The only directories whose new files the hub acts on (outbox/ → drain, delivered/ → forward): the rest
 # of bot_relay/ (the gateways' shelves and marks, our own claims) never wakes it.
 HUB_WATCHED = ("outbox", "delivered")
@@ -139,23 +141,51 @@ def roster_for(target: HubRoot, roots: list[HubRoot], alive: dict[str, bool]) ->
 
 
 def merged_roster(existing: list[RemoteAgent], ours: list[dict[str, Any]],
-                  served: Collection[str]) -> list[dict[str, Any]]:
-    """Pure: the rows the hub writes into a root's ``roster.json``: its own, and every other writer's as they are.
+                  served: Collection[str], *, others_age: float | None) -> list[dict[str, Any]]:
+    """Pure: the rows the hub writes into a root's ``roster.json``: its own, and every other writer's.
 
     The hub vouches only for the connections it relays: a row of another connection (the Desktop's, serving
     the same root) is no agent of its to drop, and dropping it made that agent unknown to the root's senders
-    ("no teammate named …") and the DMs queued for it look undeliverable.
+    ("no teammate named …") and the DMs queued for it look undeliverable. Nor is it the hub's to keep fresh:
+    its rewrites reset the file's mtime, so such a row keeps its ``online`` flag only while its writer's own
+    last write is fresh (:data:`~hermes_actors.store.relay_protocol.ROSTER_FRESH_SECONDS`); past that it is
+    kept without it (liveness unknown), as the stale file would have read (before, a Desktop gone for hours
+    stayed ``online: true``).
 
     Args:
         existing: the rows the root's ``roster.json`` has now (read and normalized).
         ours: the hub's rows for the root (:func:`roster_for`).
         served: the connection ids the hub relays: their rows in ``existing`` are replaced by ``ours``.
+        others_age: seconds since another writer last wrote the file (:func:`others_wrote_at`); None: unknown.
 
     Returns:
-        The rows of the other connections, as they were, then the hub's.
+        The rows of the other connections (without ``online`` once their writer's write is stale), then the hub's.
     """
-    kept = [roster_row_dict(agent) for agent in existing if agent.connection_id not in served]
+    fresh = others_age is not None and others_age <= rp.ROSTER_FRESH_SECONDS
+    kept = [roster_row_dict(agent if fresh else replace(agent, online=None))
+            for agent in existing if agent.connection_id not in served]
     return kept + ours
+
+
+def others_wrote_at(seen: rf.RosterIdentity | None, ours: rf.RosterIdentity | None,
+                    before: float | None) -> float | None:
+    """Pure: when another writer (the Desktop) last wrote a root's ``roster.json``, as far as the hub can tell.
+
+    A file that is not the one the hub last wrote there was written by someone else, at its mtime; the hub's own
+    rewrite says nothing new about the others' rows it kept.
+
+    Args:
+        seen: the identity of the file read now (:func:`~hermes_actors.store.relay_files.read_roster_version`);
+            None: no file.
+        ours: the identity of the file the hub last wrote there; None: none yet.
+        before: what this said at the previous push; None: nothing known.
+
+    Returns:
+        The other writer's last write time (epoch seconds), or ``before`` when the file is the hub's own (or gone).
+    """
+    if seen is None or seen == ours:
+        return before
+    return seen[2] / 1e9  # its mtime (ns)
 
 
 def _who_puts_back(paths: InboxPaths, directory: Path) -> str:
@@ -192,6 +222,10 @@ class HubActor(TypedActor):
         self.timers = self.own_timers(scheduler)
         self.roster_seconds = roster_seconds
         self.last_roster: dict[str, tuple[Any, float]] = {}
+        # per root, the identity of the roster.json the hub last wrote, and when another writer last wrote it
+        # (its rows are kept with their online flag only while that is fresh: merged_roster)
+        self.roster_written: dict[str, rf.RosterIdentity | None] = {}
+        self.others_at: dict[str, float | None] = {}
         self.counters = {"drained": 0, "forwarded": 0, "expired": 0, "refused": 0, "resumed": 0}
         self.shelves = {r.name: Shelf(r.paths.hubclaims, within=r.paths.relay.root) for r in roots}
         self.claiming: dict[str, InboxPaths] = {}  # each root's layout with ``claimed`` = our shelf there
@@ -275,12 +309,32 @@ class HubActor(TypedActor):
             # roster pushed before, it is said once while it lasts, and the next push tries again
             with warned_while_failing(f"hub roster push to {root.paths.relay.base}", failing,
                                       f"hub: roster push to {root.name} failed"):  # once while it lasts
-                existing = rf.read_roster(root.paths.relay, now=now)[0]
-                rows = merged_roster(existing, roster_for(root, self.roots, alive), self.by_name)
-                previous = self.last_roster.get(root.name)
-                if not (previous and previous[0] == rows and now - previous[1] < ROSTER_REFRESH_SECONDS):
-                    rf.write_roster(root.paths.relay, rows, now=now)
-                    self.last_roster[root.name] = (rows, now)
+                self._push_roster(root, roster_for(root, self.roots, alive), now)
+
+    def _push_roster(self, root: HubRoot, ours: list[dict[str, Any]], now: float) -> None:
+        """Merge ``ours`` into ``root``'s ``roster.json`` and write it when it changed (or to keep it fresh).
+
+        Read again (once) when another writer replaced the file between the read and the write: its push was
+        lost under the hub's otherwise.
+
+        Raises:
+            StoreError, OSError, ValidationError: the write failed (the caller says it once while it lasts).
+        """
+        roster = root.paths.relay.roster
+        for _try in range(ROSTER_MERGE_TRIES):
+            existing, _age, seen = rf.read_roster_version(root.paths.relay, now=now)
+            others_at = others_wrote_at(seen, self.roster_written.get(root.name), self.others_at.get(root.name))
+            others_age = None if others_at is None else now - others_at
+            rows = merged_roster(existing, ours, self.by_name, others_age=others_age)
+            if rf.roster_identity(roster) == seen:
+                break  # nobody wrote it since the read
+        self.others_at[root.name] = others_at
+        previous = self.last_roster.get(root.name)
+        ours_still = seen is not None and seen == self.roster_written.get(root.name)  # else rewritten without ours
+        if not (ours_still and previous and previous[0] == rows and now - previous[1] < ROSTER_REFRESH_SECONDS):
+            rf.write_roster(root.paths.relay, rows, now=now)
+            self.last_roster[root.name] = (rows, now)
+            self.roster_written[root.name] = rf.roster_identity(roster)
 
     def _drain(self, source: HubRoot, envelope_id: str) -> None:
         if envelope_id in self.elsewhere[source.name]:
