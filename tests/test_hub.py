@@ -1184,3 +1184,64 @@ def test_a_desktop_push_without_the_hubs_rows_gets_them_back_at_the_next_push(tw
     assert {(r["connection_id"], r["profile"]) for r in roster_rows(alpha)} == {
         ("laptop", "dave"), ("mini", "default"), ("mini", "moxie")}
 
+
+def test_a_dm_the_hub_left_in_an_outbox_for_another_relay_is_answered_expired_at_its_ttl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (review diffrev3, r2): the hub put a DM for a connection it does not relay back into the outbox/
+    and never looked at it again while it ran: a seed sender has no expiry of its own, so nobody answered it at its
+    TTL. The hub leaves it there until its TTL, then answers it ``queued_expired`` (drain_envelope's rule)."""
+    from types import SimpleNamespace
+
+    from actors import ManualScheduler, Rescan
+    from hermes_actors.relay import hub as hub_module
+
+    alpha, mini = _ttl_roots(tmp_path, 60)
+    clock = [time.time()]
+    monkeypatch.setattr(hub_module, "time", SimpleNamespace(time=lambda: clock[0]))  # the hub's clock only
+    env = seed_envelope(target_connection="laptop", target_profile="dave", created_at=int(clock[0]) - 30)
+    outbox = alpha / "bot_relay" / "outbox"
+    seed_write_json(outbox / f"{env['id']}.json", env, prefix=".env-")
+    with LogCapture("INFO") as logs:
+        hub = HubActor.start([HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)], scheduler=ManualScheduler())
+        try:
+            hub.ask(Rescan("manual"), timeout=30)
+            hub.ask(FileAppeared(outbox / f"{env['id']}.json"), timeout=30)  # its put-back's event
+            clock[0] = float(env["created_at"]) + 60  # at its deadline: not past it yet
+            hub.ask(Rescan("manual"), timeout=30)
+            assert rf.list_ids(outbox) == [env["id"]] and reply_of(alpha, env["id"]) is None
+            assert len(logs.matching(f"hub: delivery {env['id']}", "left in the outbox/ of alpha")) == 1
+            clock[0] = float(env["created_at"]) + 61  # past its TTL
+            hub.ask(Rescan("manual"), timeout=30)
+        finally:
+            hub.stop()
+    reply = reply_of(alpha, env["id"])
+    assert reply is not None and reply["reason"] == "queued_expired", reply
+    assert reply["error"] == rp.expired_error_text("dave", "laptop", 60)
+    assert rf.list_ids(outbox) == [] and rf.list_ids(alpha / "bot_relay" / "claimed") == [env["id"]]
+    assert len(logs.matching(f"hub: delivery {env['id']} @alice@alpha → @dave@laptop: failed [queued_expired]")) == 1
+    assert len(logs.matching(f"hub: delivery {env['id']}", "left in the outbox/ of alpha")) == 1  # claimed once
+
+
+def test_a_left_dm_that_never_expires_is_never_claimed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from actors import ManualScheduler, Rescan
+    from hermes_actors.relay import hub as hub_module
+
+    alpha, mini = _ttl_roots(tmp_path, 0)  # TTL off
+    clock = [time.time()]
+    monkeypatch.setattr(hub_module, "time", SimpleNamespace(time=lambda: clock[0]))
+    env = seed_envelope(target_connection="laptop", target_profile="dave", created_at=int(clock[0]) - 5000)
+    outbox = alpha / "bot_relay" / "outbox"
+    seed_write_json(outbox / f"{env['id']}.json", env, prefix=".env-")
+    with LogCapture("INFO") as logs:
+        hub = HubActor.start([HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)], scheduler=ManualScheduler())
+        try:
+            hub.ask(Rescan("manual"), timeout=30)
+            clock[0] += 100_000
+            hub.ask(Rescan("manual"), timeout=30)
+        finally:
+            hub.stop()
+    assert rf.list_ids(outbox) == [env["id"]] and reply_of(alpha, env["id"]) is None
+    assert len(logs.matching(f"hub: delivery {env['id']}", "left in the outbox/ of alpha")) == 1

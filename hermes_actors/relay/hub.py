@@ -7,7 +7,8 @@ that writer's last write is fresh), drains
 every outbox (claim by rename onto this hub's shelf ``hubclaims/s-<token>/`` — two
 hubs never both win), hands each envelope to the target root's ``inbox/`` and then
 files it in ``claimed/`` (one for a connection it does not relay goes back into its
-``outbox/``, unanswered, for the relay that serves it), and copies the target's
+``outbox/``, unanswered, for the relay that serves it, until its TTL: then the hub answers it
+``queued_expired``), and copies the target's
 ``delivered/`` record back into the sender root's ``replies/`` (first write wins).
 All of it on filesystem events, with the periodic rescan as the fallback. A hub killed between a claim and the
 post leaves the envelope on its shelf; the next hub adopts it and finishes the
@@ -45,7 +46,15 @@ from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.ops.main_thread_wait import MainThreadWait
 from hermes_actors.ops.stop_signals import StopSignals
 from hermes_actors.records import RemoteAgent
-from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, expiry_deadline, settle_claimed
+from hermes_actors.relay.drain import (
+    Expired,
+    Quarantined,
+    ToDeliver,
+    drain_envelope,
+    expiry_deadline,
+    past_deadline,
+    settle_claimed,
+)
 from hermes_actors.relay.strays import ensure_relay_directories, puts_back, quarantine_misnamed, quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
@@ -241,8 +250,9 @@ class HubActor(TypedActor):
         # per root, the relay directories the put-back could not make (quarantine_strays logs each once)
         self.unfixable: dict[str, set[Path]] = {r.name: set() for r in roots}
         # per root, the envelopes of its outbox/ for a connection this hub does not relay, put back there for the
-        # relay that serves it (the Desktop): never claimed again, forgotten once gone from the outbox/
-        self.elsewhere: dict[str, set[str]] = {r.name: set() for r in roots}
+        # relay that serves it (the Desktop), with their expiry deadline (None: never): not claimed again before
+        # it (then answered queued_expired: a seed sender has no expiry of its own), forgotten once gone
+        self.elsewhere: dict[str, dict[str, float | None]] = {r.name: {} for r in roots}
 
     def on_start(self) -> None:
         for root in self.roots:
@@ -337,9 +347,11 @@ class HubActor(TypedActor):
             self.roster_written[root.name] = rf.roster_identity(roster)
 
     def _drain(self, source: HubRoot, envelope_id: str) -> None:
-        if envelope_id in self.elsewhere[source.name]:
-            return  # for a connection we do not relay: left to the relay that serves it
-        result = drain_envelope(self.claiming[source.name], "outbox", envelope_id, ttl=source.ttl, now=time.time())
+        now = time.time()
+        left = self.elsewhere[source.name]
+        if envelope_id in left and not past_deadline(left[envelope_id], now):
+            return  # for a connection we do not relay: left to the relay that serves it until its TTL
+        result = drain_envelope(self.claiming[source.name], "outbox", envelope_id, ttl=source.ttl, now=now)
         if isinstance(result, Expired):
             self._reply(source, result.reply)
             self.counters["expired"] += 1
@@ -396,12 +408,19 @@ class HubActor(TypedActor):
 
         Another relay serving the root (the Desktop, or a hub over other roots) may know that connection: a
         ``runtime_offline`` "NOT delivered" here failed a DM it would deliver (the first reply wins). Left in the
-        outbox/, it is delivered by that relay, or its sender's own expiry answers it ``queued_expired`` at
-        the TTL. This hub never claims it again (:attr:`elsewhere`) while it waits there.
+        outbox/, it is delivered by that relay, or answered ``queued_expired`` once past its TTL: by its sender's
+        own expiry (a gateway of ours), by that relay's drain, or by this hub, which claims it again only then
+        (:attr:`elsewhere`; a seed sender has no expiry of its own, so nobody answered it while the hub ran).
         """
         envelope_id, conn = envelope["id"], envelope["target_connection"]
         sender, to = _ends(source, envelope)
-        self.elsewhere[source.name].add(envelope_id)
+        shelved = self.claiming[source.name].relay.claimed / f"{envelope_id}.json"
+        try:
+            mtime: float | None = os.lstat(shelved).st_mtime  # a rename keeps it: ages one without created_at
+        except OSError:
+            mtime = None
+        # unknown age (no created_at, no mtime): expired at once, as drain_envelope would find it
+        self.elsewhere[source.name][envelope_id] = expiry_deadline(envelope, ttl=source.ttl, mtime=mtime)
         try:
             moved = rename_between(source.paths.relay.base, self.claiming[source.name].relay.claimed,
                                    source.paths.relay.outbox, f"{envelope_id}.json")
@@ -663,7 +682,8 @@ class HubActor(TypedActor):
         quarantine_misnamed(root.paths, outbox)
         with self._relay_dir(root, outbox) as fd:
             queued = [] if fd is None else rf.list_ids(outbox, oldest_first=True, dir_fd=fd)
-        self.elsewhere[root.name].intersection_update(queued)  # forget those taken meanwhile (by their relay)
+        left = self.elsewhere[root.name]
+        self.elsewhere[root.name] = {i: left[i] for i in queued if i in left}  # forget those taken meanwhile
         for envelope_id in queued:
             self._drain(root, envelope_id)
         with self._relay_dir(root, root.paths.delivered) as delivered:
