@@ -1053,13 +1053,195 @@ def test_merged_roster_writes_the_hubs_rows_and_keeps_the_others(
 ) -> None:
     from hermes_actors.relay.hub import merged_roster
 
-    rows = merged_roster([_agent(p, c) for p, c in existing], [remote_row(p, c) for p, c in ours], served)
+    rows = merged_roster([_agent(p, c) for p, c in existing], [remote_row(p, c) for p, c in ours], served,
+                         others_age=0)
     assert [(r["profile"], r["connection_id"]) for r in rows] == expected
 
 
 def test_merged_roster_keeps_another_writers_row_whole() -> None:
     from hermes_actors.relay.hub import merged_roster
 
-    assert merged_roster([_agent("dave", "laptop", online=False)], [], {"alpha"}) == [
+    assert merged_roster([_agent("dave", "laptop", online=False)], [], {"alpha"}, others_age=0) == [
         {"profile": "dave", "handle": "dave", "connection_id": "laptop", "connection_label": "", "title": "",
          "description": "", "online": False}]
+
+
+@pytest.mark.parametrize(("others_age", "online"), [
+    (0.0, True),  # its writer just wrote it
+    (600.0, True),  # fresh to the end of the window (liveness reads > 600 s as stale)
+    (600.5, None),  # stale: kept, liveness unknown, as the stale file would read
+    (5000.0, None),
+    (None, None),  # nobody else's write known: never vouched for by the hub
+], ids=["just-written", "window-end", "just-stale", "long-gone", "unknown"])
+def test_merged_roster_keeps_another_writers_online_flag_only_while_its_write_is_fresh(
+    others_age: float | None, online: bool | None,
+) -> None:
+    from hermes_actors.relay.hub import merged_roster
+
+    rows = merged_roster([_agent("dave", "laptop", online=True)], [remote_row("moxie", "mini", online=True)],
+                         {"alpha", "mini"}, others_age=others_age)
+    assert [r.get("online") for r in rows] == [online, True]  # the hub's own rows are its to vouch for
+
+
+@pytest.mark.parametrize(("seen", "ours", "before", "expected"), [
+    (None, None, None, None),  # no file, nothing known
+    (None, (1, 10, 5), 100.0, 100.0),  # file gone: what was known stays
+    ((2, 10, 7_000_000_000), None, None, 7.0),  # not ours (none written yet): its writer's, at its mtime
+    ((2, 10, 7_000_000_000), (1, 10, 5), 3.0, 7.0),  # replaced since our write: the other writer's new write
+    ((1, 10, 5), (1, 10, 5), 3.0, 3.0),  # still the file we wrote: our rewrite says nothing of theirs
+    ((1, 10, 5), (1, 10, 5), None, None),
+], ids=["no-file", "gone", "first-read", "replaced", "ours", "ours-nothing-known"])
+def test_others_wrote_at_tells_another_writers_roster_from_the_hubs_own(
+    seen: tuple[int, int, int] | None, ours: tuple[int, int, int] | None, before: float | None,
+    expected: float | None,
+) -> None:
+    from hermes_actors.relay.hub import others_wrote_at
+
+    assert others_wrote_at(seen, ours, before) == expected
+
+
+def _push_once(alpha: Path, mini: Path) -> None:
+    from actors import ManualScheduler
+    from hermes_actors.messages import RosterPush
+
+    hub = HubActor.start([HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)], scheduler=ManualScheduler())
+    try:
+        hub.ask(RosterPush(), timeout=30)
+    finally:
+        hub.stop()
+
+
+def test_the_hub_does_not_keep_a_gone_desktops_rows_online_by_rewriting_the_roster(
+    two_roots: tuple[Path, Path],
+) -> None:
+    """Regression (review diffrev3, r3): the hub kept another writer's rows as they were, ``online: true`` included,
+    and its rewrites (at least every 60 s) reset the file's mtime: a Desktop gone for hours stayed fresh and online
+    to the root's senders, where roster.json is fresh for 600 s by mtime. Its rows are now kept without the flag
+    (liveness unknown) once their writer's last write is stale."""
+    from hermes_actors.store.relay_roster import liveness
+
+    alpha, mini = two_roots
+    write_roster_file(alpha, [remote_row("dave", "laptop", online=True)], age_seconds=5000)  # the Desktop, gone
+    _push_once(alpha, mini)
+    agents, age = rf.read_roster(InboxPaths.from_root(alpha).relay)
+    dave = [a for a in agents if a.connection_id == "laptop"]
+    assert len(dave) == 1 and dave[0].online is None  # kept (still a teammate), liveness unknown
+    assert liveness(dave[0], agents, age) is None
+    assert [a.online for a in agents if a.connection_id == "mini"] == [None, None]  # no gateway beats on mini
+
+
+def test_the_hub_keeps_a_fresh_desktop_rows_online_flag(two_roots: tuple[Path, Path]) -> None:
+    alpha, mini = two_roots
+    write_roster_file(alpha, [remote_row("dave", "laptop", online=True)], age_seconds=30)
+    _push_once(alpha, mini)
+    assert [r.get("online") for r in roster_rows(alpha) if r["connection_id"] == "laptop"] == [True]
+
+
+def test_a_desktop_push_landing_between_the_hubs_read_and_write_is_not_lost(
+    two_roots: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (review diffrev3, r7): the hub's read-merge-write of roster.json overwrote a Desktop push that
+    landed between its read and its write (here: dave went offline). The hub now reads and merges again when the
+    file was replaced since its read."""
+    alpha, mini = two_roots
+    write_roster_file(alpha, [remote_row("dave", "laptop", online=True)])
+    relay = InboxPaths.from_root(alpha).relay
+    real_read = rf.read_roster_version
+    pushed: list[int] = []
+
+    def read_then_the_desktop_pushes(paths: Any, *, now: float | None = None) -> Any:
+        out = real_read(paths, now=now)
+        if paths == relay and not pushed:
+            pushed.append(1)
+            write_roster_file(alpha, [remote_row("dave", "laptop", online=False)])
+        return out
+
+    monkeypatch.setattr(rf, "read_roster_version", read_then_the_desktop_pushes)
+    _push_once(alpha, mini)
+    monkeypatch.undo()
+    assert pushed
+    assert [r.get("online") for r in roster_rows(alpha) if r["connection_id"] == "laptop"] == [False]
+    assert {r["profile"] for r in roster_rows(alpha) if r["connection_id"] == "mini"} == {"default", "moxie"}
+
+
+def test_a_desktop_push_without_the_hubs_rows_gets_them_back_at_the_next_push(two_roots: tuple[Path, Path]) -> None:
+    """Regression: a push with unchanged rows was skipped for up to 60 s though the file was no longer the hub's:
+    a Desktop rewriting roster.json with its own rows only left the hub's agents out of it ("no teammate named …")
+    until the hub's next refresh. The hub now writes whenever the file is not the one it wrote."""
+    from actors import ManualScheduler
+    from hermes_actors.messages import RosterPush
+
+    alpha, mini = two_roots
+    write_roster_file(alpha, [remote_row("dave", "laptop", online=True)])
+    hub = HubActor.start([HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)], scheduler=ManualScheduler())
+    try:
+        hub.ask(RosterPush(), timeout=30)
+        assert {r["connection_id"] for r in roster_rows(alpha)} == {"laptop", "mini"}
+        write_roster_file(alpha, [remote_row("dave", "laptop", online=True)])  # the Desktop's push: its rows
+        hub.ask(RosterPush(), timeout=30)
+    finally:
+        hub.stop()
+    assert {(r["connection_id"], r["profile"]) for r in roster_rows(alpha)} == {
+        ("laptop", "dave"), ("mini", "default"), ("mini", "moxie")}
+
+
+def test_a_dm_the_hub_left_in_an_outbox_for_another_relay_is_answered_expired_at_its_ttl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (review diffrev3, r2): the hub put a DM for a connection it does not relay back into the outbox/
+    and never looked at it again while it ran: a seed sender has no expiry of its own, so nobody answered it at its
+    TTL. The hub leaves it there until its TTL, then answers it ``queued_expired`` (drain_envelope's rule)."""
+    from types import SimpleNamespace
+
+    from actors import ManualScheduler, Rescan
+    from hermes_actors.relay import hub as hub_module
+
+    alpha, mini = _ttl_roots(tmp_path, 60)
+    clock = [time.time()]
+    monkeypatch.setattr(hub_module, "time", SimpleNamespace(time=lambda: clock[0]))  # the hub's clock only
+    env = seed_envelope(target_connection="laptop", target_profile="dave", created_at=int(clock[0]) - 30)
+    outbox = alpha / "bot_relay" / "outbox"
+    seed_write_json(outbox / f"{env['id']}.json", env, prefix=".env-")
+    with LogCapture("INFO") as logs:
+        hub = HubActor.start([HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)], scheduler=ManualScheduler())
+        try:
+            hub.ask(Rescan("manual"), timeout=30)
+            hub.ask(FileAppeared(outbox / f"{env['id']}.json"), timeout=30)  # its put-back's event
+            clock[0] = float(env["created_at"]) + 60  # at its deadline: not past it yet
+            hub.ask(Rescan("manual"), timeout=30)
+            assert rf.list_ids(outbox) == [env["id"]] and reply_of(alpha, env["id"]) is None
+            assert len(logs.matching(f"hub: delivery {env['id']}", "left in the outbox/ of alpha")) == 1
+            clock[0] = float(env["created_at"]) + 61  # past its TTL
+            hub.ask(Rescan("manual"), timeout=30)
+        finally:
+            hub.stop()
+    reply = reply_of(alpha, env["id"])
+    assert reply is not None and reply["reason"] == "queued_expired", reply
+    assert reply["error"] == rp.expired_error_text("dave", "laptop", 60)
+    assert rf.list_ids(outbox) == [] and rf.list_ids(alpha / "bot_relay" / "claimed") == [env["id"]]
+    assert len(logs.matching(f"hub: delivery {env['id']} @alice@alpha → @dave@laptop: failed [queued_expired]")) == 1
+    assert len(logs.matching(f"hub: delivery {env['id']}", "left in the outbox/ of alpha")) == 1  # claimed once
+
+
+def test_a_left_dm_that_never_expires_is_never_claimed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from actors import ManualScheduler, Rescan
+    from hermes_actors.relay import hub as hub_module
+
+    alpha, mini = _ttl_roots(tmp_path, 0)  # TTL off
+    clock = [time.time()]
+    monkeypatch.setattr(hub_module, "time", SimpleNamespace(time=lambda: clock[0]))
+    env = seed_envelope(target_connection="laptop", target_profile="dave", created_at=int(clock[0]) - 5000)
+    outbox = alpha / "bot_relay" / "outbox"
+    seed_write_json(outbox / f"{env['id']}.json", env, prefix=".env-")
+    with LogCapture("INFO") as logs:
+        hub = HubActor.start([HubRoot.make("alpha", alpha), HubRoot.make("mini", mini)], scheduler=ManualScheduler())
+        try:
+            hub.ask(Rescan("manual"), timeout=30)
+            clock[0] += 100_000
+            hub.ask(Rescan("manual"), timeout=30)
+        finally:
+            hub.stop()
+    assert rf.list_ids(outbox) == [env["id"]] and reply_of(alpha, env["id"]) is None
+    assert len(logs.matching(f"hub: delivery {env['id']}", "left in the outbox/ of alpha")) == 1

@@ -60,6 +60,7 @@ __all__ = [
     "expiry_deadline",
     "expiry_of",
     "expiry_reply",
+    "past_deadline",
     "settle_claimed",
 ]
 
@@ -348,10 +349,24 @@ def expiry_of(envelope: dict[str, Any], path: Path, *, ttl: float, now: float) -
         ttl: the configured TTL; applied as the seed does (``int()``: 0.5 never expires).
         now: the current time.
     """
-    deadline = expiry_deadline(envelope, ttl=ttl, mtime=_mtime(path))
-    if deadline is not None and now > deadline:
+    if past_deadline(expiry_deadline(envelope, ttl=ttl, mtime=_mtime(path)), now):
         return expiry_reply(envelope, rp.seed_ttl(ttl), now)
     return None
+
+
+def past_deadline(deadline: float | None, now: float) -> bool:
+    """Pure: whether an envelope whose expiry deadline is ``deadline`` is expired at ``now``.
+
+    The rule of :func:`expiry_of`: expired once the clock is strictly past it (the hub's own waits use it too).
+
+    Args:
+        deadline: from :func:`expiry_deadline`; None: it never expires.
+        now: the current time.
+
+    Returns:
+        True when it is expired.
+    """
+    return deadline is not None and now > deadline
 
 
 def expiry_deadline(envelope: dict[str, Any], *, ttl: float, mtime: float | None) -> float | None:

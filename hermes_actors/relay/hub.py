@@ -2,11 +2,13 @@
 
 ``hermes-actors relay --root A --root B`` pushes each root the others' roster
 (``online: true`` from a gateway's heartbeat, else unknown; only the rows of its
-own roots: a row of another connection, the Desktop's, is kept as it is), drains
+own roots: a row of another connection, the Desktop's, is kept, its ``online`` only while
+that writer's last write is fresh), drains
 every outbox (claim by rename onto this hub's shelf ``hubclaims/s-<token>/`` — two
 hubs never both win), hands each envelope to the target root's ``inbox/`` and then
 files it in ``claimed/`` (one for a connection it does not relay goes back into its
-``outbox/``, unanswered, for the relay that serves it), and copies the target's
+``outbox/``, unanswered, for the relay that serves it, until its TTL: then the hub answers it
+``queued_expired``), and copies the target's
 ``delivered/`` record back into the sender root's ``replies/`` (first write wins).
 All of it on filesystem events, with the periodic rescan as the fallback. A hub killed between a claim and the
 post leaves the envelope on its shelf; the next hub adopts it and finishes the
@@ -44,7 +46,15 @@ from hermes_actors.ops.delivery_log import delivery_line
 from hermes_actors.ops.main_thread_wait import MainThreadWait
 from hermes_actors.ops.stop_signals import StopSignals
 from hermes_actors.records import RemoteAgent
-from hermes_actors.relay.drain import Expired, Quarantined, ToDeliver, drain_envelope, expiry_deadline, settle_claimed
+from hermes_actors.relay.drain import (
+    Expired,
+    Quarantined,
+    ToDeliver,
+    drain_envelope,
+    expiry_deadline,
+    past_deadline,
+    settle_claimed,
+)
 from hermes_actors.relay.strays import ensure_relay_directories, puts_back, quarantine_misnamed, quarantine_strays
 from hermes_actors.store import relay_files as rf
 from hermes_actors.store import relay_protocol as rp
@@ -68,6 +78,7 @@ from hermes_actors.store.yaml_file import warned_while_failing
 __all__ = ["HubActor", "HubRoot", "run_hub"]
 
 ROSTER_REFRESH_SECONDS = 60.0  # rewrite unchanged rosters this often so they stay fresh (< 600 s)
+ROSTER_MERGE_TRIES = 2  # a roster rewritten by another writer between the hub's read and its write is merged again
 # The only directories whose new files the hub acts on (outbox/ → drain, delivered/ → forward): the rest
 # of bot_relay/ (the gateways' shelves and marks, our own claims) never wakes it.
 HUB_WATCHED = ("outbox", "delivered")
@@ -139,23 +150,51 @@ def roster_for(target: HubRoot, roots: list[HubRoot], alive: dict[str, bool]) ->
 
 
 def merged_roster(existing: list[RemoteAgent], ours: list[dict[str, Any]],
-                  served: Collection[str]) -> list[dict[str, Any]]:
-    """Pure: the rows the hub writes into a root's ``roster.json``: its own, and every other writer's as they are.
+                  served: Collection[str], *, others_age: float | None) -> list[dict[str, Any]]:
+    """Pure: the rows the hub writes into a root's ``roster.json``: its own, and every other writer's.
 
     The hub vouches only for the connections it relays: a row of another connection (the Desktop's, serving
     the same root) is no agent of its to drop, and dropping it made that agent unknown to the root's senders
-    ("no teammate named …") and the DMs queued for it look undeliverable.
+    ("no teammate named …") and the DMs queued for it look undeliverable. Nor is it the hub's to keep fresh:
+    its rewrites reset the file's mtime, so such a row keeps its ``online`` flag only while its writer's own
+    last write is fresh (:data:`~hermes_actors.store.relay_protocol.ROSTER_FRESH_SECONDS`); past that it is
+    kept without it (liveness unknown), as the stale file would have read (before, a Desktop gone for hours
+    stayed ``online: true``).
 
     Args:
         existing: the rows the root's ``roster.json`` has now (read and normalized).
         ours: the hub's rows for the root (:func:`roster_for`).
         served: the connection ids the hub relays: their rows in ``existing`` are replaced by ``ours``.
+        others_age: seconds since another writer last wrote the file (:func:`others_wrote_at`); None: unknown.
 
     Returns:
-        The rows of the other connections, as they were, then the hub's.
+        The rows of the other connections (without ``online`` once their writer's write is stale), then the hub's.
     """
-    kept = [roster_row_dict(agent) for agent in existing if agent.connection_id not in served]
+    fresh = others_age is not None and others_age <= rp.ROSTER_FRESH_SECONDS
+    kept = [roster_row_dict(agent if fresh else replace(agent, online=None))
+            for agent in existing if agent.connection_id not in served]
     return kept + ours
+
+
+def others_wrote_at(seen: rf.RosterIdentity | None, ours: rf.RosterIdentity | None,
+                    before: float | None) -> float | None:
+    """Pure: when another writer (the Desktop) last wrote a root's ``roster.json``, as far as the hub can tell.
+
+    A file that is not the one the hub last wrote there was written by someone else, at its mtime; the hub's own
+    rewrite says nothing new about the others' rows it kept.
+
+    Args:
+        seen: the identity of the file read now (:func:`~hermes_actors.store.relay_files.read_roster_version`);
+            None: no file.
+        ours: the identity of the file the hub last wrote there; None: none yet.
+        before: what this said at the previous push; None: nothing known.
+
+    Returns:
+        The other writer's last write time (epoch seconds), or ``before`` when the file is the hub's own (or gone).
+    """
+    if seen is None or seen == ours:
+        return before
+    return seen[2] / 1e9  # its mtime (ns)
 
 
 def _who_puts_back(paths: InboxPaths, directory: Path) -> str:
@@ -192,6 +231,10 @@ class HubActor(TypedActor):
         self.timers = self.own_timers(scheduler)
         self.roster_seconds = roster_seconds
         self.last_roster: dict[str, tuple[Any, float]] = {}
+        # per root, the identity of the roster.json the hub last wrote, and when another writer last wrote it
+        # (its rows are kept with their online flag only while that is fresh: merged_roster)
+        self.roster_written: dict[str, rf.RosterIdentity | None] = {}
+        self.others_at: dict[str, float | None] = {}
         self.counters = {"drained": 0, "forwarded": 0, "expired": 0, "refused": 0, "resumed": 0}
         self.shelves = {r.name: Shelf(r.paths.hubclaims, within=r.paths.relay.root) for r in roots}
         self.claiming: dict[str, InboxPaths] = {}  # each root's layout with ``claimed`` = our shelf there
@@ -207,8 +250,9 @@ class HubActor(TypedActor):
         # per root, the relay directories the put-back could not make (quarantine_strays logs each once)
         self.unfixable: dict[str, set[Path]] = {r.name: set() for r in roots}
         # per root, the envelopes of its outbox/ for a connection this hub does not relay, put back there for the
-        # relay that serves it (the Desktop): never claimed again, forgotten once gone from the outbox/
-        self.elsewhere: dict[str, set[str]] = {r.name: set() for r in roots}
+        # relay that serves it (the Desktop), with their expiry deadline (None: never): not claimed again before
+        # it (then answered queued_expired: a seed sender has no expiry of its own), forgotten once gone
+        self.elsewhere: dict[str, dict[str, float | None]] = {r.name: {} for r in roots}
 
     def on_start(self) -> None:
         for root in self.roots:
@@ -275,17 +319,39 @@ class HubActor(TypedActor):
             # roster pushed before, it is said once while it lasts, and the next push tries again
             with warned_while_failing(f"hub roster push to {root.paths.relay.base}", failing,
                                       f"hub: roster push to {root.name} failed"):  # once while it lasts
-                existing = rf.read_roster(root.paths.relay, now=now)[0]
-                rows = merged_roster(existing, roster_for(root, self.roots, alive), self.by_name)
-                previous = self.last_roster.get(root.name)
-                if not (previous and previous[0] == rows and now - previous[1] < ROSTER_REFRESH_SECONDS):
-                    rf.write_roster(root.paths.relay, rows, now=now)
-                    self.last_roster[root.name] = (rows, now)
+                self._push_roster(root, roster_for(root, self.roots, alive), now)
+
+    def _push_roster(self, root: HubRoot, ours: list[dict[str, Any]], now: float) -> None:
+        """Merge ``ours`` into ``root``'s ``roster.json`` and write it when it changed (or to keep it fresh).
+
+        Read again (once) when another writer replaced the file between the read and the write: its push was
+        lost under the hub's otherwise.
+
+        Raises:
+            StoreError, OSError, ValidationError: the write failed (the caller says it once while it lasts).
+        """
+        roster = root.paths.relay.roster
+        for _try in range(ROSTER_MERGE_TRIES):
+            existing, _age, seen = rf.read_roster_version(root.paths.relay, now=now)
+            others_at = others_wrote_at(seen, self.roster_written.get(root.name), self.others_at.get(root.name))
+            others_age = None if others_at is None else now - others_at
+            rows = merged_roster(existing, ours, self.by_name, others_age=others_age)
+            if rf.roster_identity(roster) == seen:
+                break  # nobody wrote it since the read
+        self.others_at[root.name] = others_at
+        previous = self.last_roster.get(root.name)
+        ours_still = seen is not None and seen == self.roster_written.get(root.name)  # else rewritten without ours
+        if not (ours_still and previous and previous[0] == rows and now - previous[1] < ROSTER_REFRESH_SECONDS):
+            rf.write_roster(root.paths.relay, rows, now=now)
+            self.last_roster[root.name] = (rows, now)
+            self.roster_written[root.name] = rf.roster_identity(roster)
 
     def _drain(self, source: HubRoot, envelope_id: str) -> None:
-        if envelope_id in self.elsewhere[source.name]:
-            return  # for a connection we do not relay: left to the relay that serves it
-        result = drain_envelope(self.claiming[source.name], "outbox", envelope_id, ttl=source.ttl, now=time.time())
+        now = time.time()
+        left = self.elsewhere[source.name]
+        if envelope_id in left and not past_deadline(left[envelope_id], now):
+            return  # for a connection we do not relay: left to the relay that serves it until its TTL
+        result = drain_envelope(self.claiming[source.name], "outbox", envelope_id, ttl=source.ttl, now=now)
         if isinstance(result, Expired):
             self._reply(source, result.reply)
             self.counters["expired"] += 1
@@ -342,12 +408,19 @@ class HubActor(TypedActor):
 
         Another relay serving the root (the Desktop, or a hub over other roots) may know that connection: a
         ``runtime_offline`` "NOT delivered" here failed a DM it would deliver (the first reply wins). Left in the
-        outbox/, it is delivered by that relay, or its sender's own expiry answers it ``queued_expired`` at
-        the TTL. This hub never claims it again (:attr:`elsewhere`) while it waits there.
+        outbox/, it is delivered by that relay, or answered ``queued_expired`` once past its TTL: by its sender's
+        own expiry (a gateway of ours), by that relay's drain, or by this hub, which claims it again only then
+        (:attr:`elsewhere`; a seed sender has no expiry of its own, so nobody answered it while the hub ran).
         """
         envelope_id, conn = envelope["id"], envelope["target_connection"]
         sender, to = _ends(source, envelope)
-        self.elsewhere[source.name].add(envelope_id)
+        shelved = self.claiming[source.name].relay.claimed / f"{envelope_id}.json"
+        try:
+            mtime: float | None = os.lstat(shelved).st_mtime  # a rename keeps it: ages one without created_at
+        except OSError:
+            mtime = None
+        # unknown age (no created_at, no mtime): expired at once, as drain_envelope would find it
+        self.elsewhere[source.name][envelope_id] = expiry_deadline(envelope, ttl=source.ttl, mtime=mtime)
         try:
             moved = rename_between(source.paths.relay.base, self.claiming[source.name].relay.claimed,
                                    source.paths.relay.outbox, f"{envelope_id}.json")
@@ -609,7 +682,8 @@ class HubActor(TypedActor):
         quarantine_misnamed(root.paths, outbox)
         with self._relay_dir(root, outbox) as fd:
             queued = [] if fd is None else rf.list_ids(outbox, oldest_first=True, dir_fd=fd)
-        self.elsewhere[root.name].intersection_update(queued)  # forget those taken meanwhile (by their relay)
+        left = self.elsewhere[root.name]
+        self.elsewhere[root.name] = {i: left[i] for i in queued if i in left}  # forget those taken meanwhile
         for envelope_id in queued:
             self._drain(root, envelope_id)
         with self._relay_dir(root, root.paths.delivered) as delivered:
