@@ -1245,3 +1245,33 @@ def test_a_left_dm_that_never_expires_is_never_claimed_again(tmp_path: Path, mon
             hub.stop()
     assert rf.list_ids(outbox) == [env["id"]] and reply_of(alpha, env["id"]) is None
     assert len(logs.matching(f"hub: delivery {env['id']}", "left in the outbox/ of alpha")) == 1
+
+
+def test_two_hubs_sharing_a_root_do_not_replace_each_others_roster_at_every_push(tmp_path: Path) -> None:
+    """Regression (diff review of the roster-freshness fix): a hub rewrote a ``roster.json`` another writer had
+    written at every push, so two hubs sharing a root (alpha+mini, alpha+beta) replaced each other's file on every
+    2 s tick (20 rewrites in 20 pushes; 3 before that fix). Another writer's file is rewritten only when it lacks or
+    misstates the hub's rows; both hubs' rows end up in it."""
+    from actors import ManualScheduler
+    from hermes_actors.messages import RosterPush
+
+    alpha = make_root(tmp_path, {"alice": {}}, name="alpha")
+    mini = make_root(tmp_path, {"moxie": {}}, name="mini")
+    beta = make_root(tmp_path, {"bob": {}}, name="beta")
+    hubs = [HubActor.start([HubRoot.make("alpha", alpha), HubRoot.make(name, other)], scheduler=ManualScheduler())
+            for name, other in (("mini", mini), ("beta", beta))]
+    roster = alpha / "bot_relay" / "roster.json"
+    identities: list[tuple[int, int]] = []
+    try:
+        for _ in range(10):  # ten pushes of each hub with nothing changed, well inside the 60 s refresh
+            for hub in hubs:
+                hub.ask(RosterPush(), timeout=30)
+                info = os.lstat(roster)
+                if not identities or identities[-1] != (info.st_ino, info.st_mtime_ns):
+                    identities.append((info.st_ino, info.st_mtime_ns))
+    finally:
+        for hub in hubs:
+            hub.stop()
+    assert len(identities) <= 3, identities
+    connections = {row["connection_id"] for row in json.loads(roster.read_text())["agents"]}
+    assert connections == {"mini", "beta"}

@@ -340,8 +340,13 @@ class HubActor(TypedActor):
                 break  # nobody wrote it since the read
         self.others_at[root.name] = others_at
         previous = self.last_roster.get(root.name)
-        ours_still = seen is not None and seen == self.roster_written.get(root.name)  # else rewritten without ours
-        if not (ours_still and previous and previous[0] == rows and now - previous[1] < ROSTER_REFRESH_SECONDS):
+        ours_still = seen is not None and seen == self.roster_written.get(root.name)
+        if ours_still:  # our file: rewritten when its rows change, and to keep it fresh
+            due = not (previous and previous[0] == rows and now - previous[1] < ROSTER_REFRESH_SECONDS)
+        else:  # another writer's (the Desktop's, a hub over other roots): only when it lacks or misstates our rows;
+            # rewriting it at every push made two hubs sharing a root replace each other's file every 2 s
+            due = seen is None or rows != [roster_row_dict(agent) for agent in existing]
+        if due:
             rf.write_roster(root.paths.relay, rows, now=now)
             self.last_roster[root.name] = (rows, now)
             self.roster_written[root.name] = rf.roster_identity(roster)
