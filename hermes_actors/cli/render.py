@@ -99,7 +99,8 @@ def json_text(value: Any, *, indent: bool = False, default: Callable[[Any], Any]
         The JSON text.
 
     Raises:
-        TypeError: ``value`` holds something JSON cannot say (not a string's surrogates) and ``default`` is None.
+        TypeError: ``value`` holds something JSON cannot say (not a string's surrogates) and ``default`` is None,
+            or what orjson never hands ``default`` (a dict key that is no str, an integer past 64 bits).
     """
     option = orjson.OPT_INDENT_2 if indent else 0
     try:
