@@ -1181,3 +1181,28 @@ def test_an_unreadable_taken_entry_decides_only_for_its_own_envelopes_start_mark
         os.chmod(shelf, 0o700)
     assert vias == {held["id"]: FILE_RELAY, unrelated: REDIS, bad_one["id"]: REDIS}, vias
     assert logs.matching(f"{bad_one['id']}.json cannot be read in", "bot_relay/taken/"), logs.lines
+
+
+@pytest.mark.parametrize("swap", ["directory", "entry"])
+def test_is_consumed_never_looks_through_a_swapped_consumed_nor_takes_a_symlink_for_a_mark(
+    tmp_path: Path, swap: str
+) -> None:
+    """Regression (left by the swapped task): ``is_consumed`` looked ``consumed/<id>.json`` up by path, following
+    symlinks, so a file outside the root — through a ``consumed/`` swapped for a symlink, or a symlink planted at the
+    mark's name — made a DM count as reported, and its ``sent/`` record was dropped unreported (its outcome lost).
+    Now the mark is looked up through the checked walk and only a regular file is one: refused, not consumed."""
+    from hermes_actors.store.relay_inbox import is_consumed
+
+    paths = InboxPaths.from_root(tmp_path / "root").ensure()
+    envelope_id = uuid.uuid4().hex
+    outside = _outside_with(tmp_path, f"{envelope_id}.json", {"id": envelope_id})
+    paths.consumed.mkdir(exist_ok=True, mode=0o700)
+    if swap == "directory":
+        _swapped_for_symlink(paths.consumed, outside)
+    else:
+        (paths.consumed / f"{envelope_id}.json").symlink_to(outside / f"{envelope_id}.json")
+    assert not is_consumed(paths, envelope_id)
+    if swap == "entry":  # a real mark of ours still counts
+        (paths.consumed / f"{envelope_id}.json").unlink()
+        write_private_json(paths.consumed / f"{envelope_id}.json", {"id": envelope_id})
+        assert is_consumed(paths, envelope_id)

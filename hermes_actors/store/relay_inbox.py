@@ -30,6 +30,8 @@ any path is built.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -44,7 +46,7 @@ from hermes_actors.store.atomic import (
     read_json_file,
 )
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import lexists_below, rename_between
+from hermes_actors.store.relay_dirfd import lexists_below, relay_dir, rename_between
 from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_protocol import (
     EXPIRING_SHELVES,
@@ -367,4 +369,24 @@ def mark_consumed(paths: InboxPaths, envelope_id: str, *, now: float) -> None:
 
 
 def is_consumed(paths: InboxPaths, envelope_id: str) -> bool:
-    return paths.relay.id_file(paths.consumed, envelope_id).exists()
+    """Whether the envelope's ``consumed/`` mark (its outcome was reported) is there, through the checked walk.
+
+    A ``consumed/`` swapped for a symlink (or a directory not ours) is never looked through: a file outside the root
+    would make a DM count as reported and its ``sent/`` record be dropped unreported. Refused, it reads as not
+    consumed: a second report of an outcome is preferred to a lost one. Only a regular file is a mark (a symlink
+    planted at its name is none).
+
+    Args:
+        paths: the relay layout.
+        envelope_id: the envelope.
+
+    Returns:
+        True when a regular file of that name is in ``consumed/``.
+    """
+    path = paths.relay.id_file(paths.consumed, envelope_id)
+    try:
+        with relay_dir(paths.relay.base, path.parent) as fd:
+            info = os.lstat(path.name, dir_fd=fd)
+    except (OSError, ValidationError):  # FileNotFoundError (no mark, no consumed/), HostileFileError included
+        return False
+    return stat.S_ISREG(info.st_mode)
