@@ -30,7 +30,6 @@ any path is built.
 
 from __future__ import annotations
 
-import os
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -46,7 +45,7 @@ from hermes_actors.store.atomic import (
     read_json_file,
 )
 from hermes_actors.store.private_dir import ensure_private_dir
-from hermes_actors.store.relay_dirfd import lexists_below, relay_dir, rename_between
+from hermes_actors.store.relay_dirfd import lexists_below, lstat_below, rename_between
 from hermes_actors.store.relay_paths import RelayPaths
 from hermes_actors.store.relay_protocol import (
     EXPIRING_SHELVES,
@@ -385,8 +384,7 @@ def is_consumed(paths: InboxPaths, envelope_id: str) -> bool:
     """
     path = paths.relay.id_file(paths.consumed, envelope_id)
     try:
-        with relay_dir(paths.relay.base, path.parent) as fd:
-            info = os.lstat(path.name, dir_fd=fd)
+        info = lstat_below(paths.relay.base, path)
     except (OSError, ValidationError):  # FileNotFoundError (no mark, no consumed/), HostileFileError included
         return False
     return stat.S_ISREG(info.st_mode)
