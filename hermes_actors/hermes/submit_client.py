@@ -180,21 +180,23 @@ def submit_dm(
     except HostOffline:
         return offline_refusal(root)
     except HostLost:
-        return {"error": f"The Bot Mode host on {root} stopped without answering; the message may or may not have "
-                         "been queued — do not resend it blindly.", "reason": UNKNOWN}
+        return _fate_unknown(root, "stopped without answering")
     except TimeoutError:
-        return {"error": f"The Bot Mode host on {root} did not answer within {timeout:g}s; the message may or may "
-                         "not have been queued — do not resend it blindly.", "reason": UNKNOWN}
+        return _fate_unknown(root, f"did not answer within {timeout:g}s")
     except UnreadableAnswer as exc:
-        return {"error": f"The Bot Mode host on {root} answered something unreadable ({exc}); the message may or may "
-                         "not have been queued — do not resend it blindly.", "reason": UNKNOWN}
+        return _fate_unknown(root, f"answered something unreadable ({exc})")
     except (PermissionError, ValueError, OSError) as exc:
         return {"error": f"Could not submit the message to the Bot Mode host on {root}: {exc}", "reason": UNKNOWN}
     problem = send_answer_problem(answer)
     if problem is not None:  # taken by the host, answered neither an ack nor a refusal: never read as an ack
-        return {"error": f"The Bot Mode host on {root} answered no ack and no refusal ({problem}); the message may "
-                         "or may not have been queued — do not resend it blindly.", "reason": UNKNOWN}
+        return _fate_unknown(root, f"answered no ack and no refusal ({problem})")
     return answer
+
+
+def _fate_unknown(root: str | Path, what: str) -> dict[str, Any]:
+    """Pure: the bot's refusal when the host took its DM and ``what`` happened then: it may or may not be queued."""
+    return {"error": f"The Bot Mode host on {root} {what}; the message may or may not have been queued — do not "
+                     "resend it blindly.", "reason": UNKNOWN}
 
 
 def send_answer_problem(answer: dict[str, Any]) -> str | None:
